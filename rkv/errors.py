@@ -1,0 +1,84 @@
+"""The rkv error hierarchy.
+
+Every error rkv raises derives from :class:`RkvError`. Where a builtin fits, the error also
+derives from it (``ConfigError`` is a ``ValueError``), so generic handlers keep working.
+
+:class:`IntegrityError` and its subclasses mean "the stored bytes cannot be trusted": a caller
+that uses rkv as a cache may treat any of them as a miss and recompute.
+"""
+
+from __future__ import annotations
+
+
+class RkvError(Exception):
+    """Root of all rkv errors."""
+
+
+class ConfigError(RkvError, ValueError):
+    """A configuration value is invalid or inconsistent."""
+
+
+class InputError(RkvError, ValueError):
+    """An argument from the caller is invalid (nothing was written)."""
+
+
+class ShapeError(InputError):
+    """A tensor has the wrong shape or dtype for the model it is stored under."""
+
+
+class StoreClosedError(RkvError):
+    """The engine or tier was closed, or is used in a process it was not opened in."""
+
+
+class TierFullError(RkvError):
+    """A tier cannot take more data, even after growing its map and evicting."""
+
+
+class IntegrityError(RkvError):
+    """Stored data failed verification. Callers may treat it as a cache miss."""
+
+
+class ChecksumError(IntegrityError):
+    """The end-to-end checksum of a block's data does not match."""
+
+
+class UncorrectableError(IntegrityError):
+    """An error-correcting code found more errors than it can correct."""
+
+
+class CorruptRecordError(IntegrityError):
+    """A stored record is malformed: bad magic, unreadable header, inconsistent lengths."""
+
+
+class TruncatedRecordError(CorruptRecordError):
+    """A stored record is shorter (or longer) than its header says."""
+
+
+class UnknownFormatError(CorruptRecordError):
+    """A record carries a format version or codec this build of rkv does not know."""
+
+
+class RecordMismatchError(IntegrityError):
+    """A record was written under another key, layer or model fingerprint than requested."""
+
+
+class MissingRecordError(IntegrityError):
+    """The index refers to a record that its tier does not hold."""
+
+
+__all__ = [
+    "ChecksumError",
+    "ConfigError",
+    "CorruptRecordError",
+    "InputError",
+    "IntegrityError",
+    "MissingRecordError",
+    "RecordMismatchError",
+    "RkvError",
+    "ShapeError",
+    "StoreClosedError",
+    "TierFullError",
+    "TruncatedRecordError",
+    "UncorrectableError",
+    "UnknownFormatError",
+]
