@@ -1,0 +1,1 @@
+"""Per-tier bit-error models (numpy only; never imports rkv)."""

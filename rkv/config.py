@@ -1,0 +1,179 @@
+"""Frozen configuration dataclasses that round-trip to dicts and TOML."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+
+from rkv.errors import ConfigError
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+Medium = Literal["memory", "disk"]
+OnFull = Literal["evict", "error"]
+
+
+def _check_fields(cls: type, d: Any, what: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ConfigError(f"{what} must be a table/dict, got {type(d).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise ConfigError(f"unknown {what} keys: {sorted(unknown)} (known: {sorted(known)})")
+    return dict(d)
+
+
+def _number(value: Any, name: str, *, minimum: float = 0.0, integer: bool = False) -> None:
+    ok_type = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok_type) or value < minimum:
+        kind = "an int" if integer else "a number"
+        raise ConfigError(f"{name} must be {kind} >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One storage tier.
+
+    ``path`` may be absolute, relative to the store root, or empty: then a ``memory`` tier lives
+    in a memory-backed directory (``/dev/shm`` when the machine has one) and a ``disk`` tier
+    under ``<store>/tiers/<name>``. Bandwidths (GB/s) and latency (microseconds) are nominal
+    figures for the cost model; ``fault_model`` names the tier's fault-model preset.
+    """
+
+    name: str
+    medium: Medium = "disk"
+    path: str = ""
+    capacity_bytes: int = 16 * GiB
+    read_gbps: float = 6.0
+    write_gbps: float = 3.0
+    latency_us: float = 80.0
+    fault_model: str = "raw-ber"
+    sync: bool = False
+    initial_map_bytes: int = 64 * MiB
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ConfigError(f"tier name must be an identifier-like string, got {self.name!r}")
+        if self.medium not in ("memory", "disk"):
+            raise ConfigError(f"tier {self.name}: medium must be 'memory' or 'disk'")
+        if not isinstance(self.path, str):
+            raise ConfigError(f"tier {self.name}: path must be a string")
+        _number(self.capacity_bytes, f"tier {self.name}: capacity_bytes", minimum=1, integer=True)
+        _number(self.initial_map_bytes, f"tier {self.name}: initial_map_bytes",
+                minimum=1 * MiB, integer=True)
+        for name in ("read_gbps", "write_gbps"):
+            _number(getattr(self, name), f"tier {self.name}: {name}", minimum=1e-9)
+        _number(self.latency_us, f"tier {self.name}: latency_us")
+        if not isinstance(self.fault_model, str) or not self.fault_model:
+            raise ConfigError(f"tier {self.name}: fault_model must be a preset name")
+        if not isinstance(self.sync, bool):
+            raise ConfigError(f"tier {self.name}: sync must be a bool")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TierConfig:
+        d = _check_fields(cls, d, "tier")
+        if "name" not in d:
+            raise ConfigError("a tier needs a name")
+        return cls(**d)
+
+
+def default_tiers() -> tuple[TierConfig, ...]:
+    """DRAM, CXL and NVMe with nominal figures from docs/tiers.md."""
+    return (
+        TierConfig("dram", medium="memory", capacity_bytes=2 * GiB, read_gbps=20.0,
+                   write_gbps=15.0, latency_us=0.1, fault_model="dram-ddr5"),
+        TierConfig("cxl", medium="memory", capacity_bytes=8 * GiB, read_gbps=12.0,
+                   write_gbps=10.0, latency_us=0.25, fault_model="cxl"),
+        TierConfig("nvme", medium="disk", capacity_bytes=64 * GiB, read_gbps=6.5,
+                   write_gbps=3.0, latency_us=80.0, fault_model="nvme-tlc", sync=False),
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine-wide settings.
+
+    ``chunk_tokens`` fixes the key space of a store and cannot change once data is written.
+    ``on_full`` decides what happens when the last tier is full: ``evict`` least recently used
+    unpinned chunks, or ``error`` (raise :class:`~rkv.errors.TierFullError`). Upper tiers always
+    demote their least recently used chunks to the next tier.
+    ``index_sync`` fsyncs the index on every commit (durable against power loss).
+    """
+
+    chunk_tokens: int = 256
+    tiers: tuple[TierConfig, ...] = field(default_factory=default_tiers)
+    on_full: OnFull = "evict"
+    store_partial_chunks: bool = True
+    index_sync: bool = False
+
+    def __post_init__(self) -> None:
+        _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
+        if self.chunk_tokens > 1 << 20:
+            raise ConfigError("chunk_tokens must be at most 2**20")
+        tiers = tuple(self.tiers)
+        if not tiers:
+            raise ConfigError("at least one tier is required")
+        if not all(isinstance(t, TierConfig) for t in tiers):
+            raise ConfigError("tiers must be TierConfig objects")
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"tier names must be unique, got {names}")
+        object.__setattr__(self, "tiers", tiers)
+        if self.on_full not in ("evict", "error"):
+            raise ConfigError(f"on_full must be 'evict' or 'error', got {self.on_full!r}")
+        for name in ("store_partial_chunks", "index_sync"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool")
+
+    def tier(self, name: str) -> TierConfig:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise ConfigError(f"no tier named {name!r} (tiers: {[t.name for t in self.tiers]})")
+
+    def with_tier(self, name: str, **changes: Any) -> EngineConfig:
+        """A copy with one tier's fields changed, e.g. ``with_tier("cxl", path="/mnt/cxl")``."""
+        self.tier(name)
+        tiers = tuple(replace(t, **changes) if t.name == name else t for t in self.tiers)
+        return replace(self, tiers=tiers)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tiers"] = [t.to_dict() for t in self.tiers]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
+        d = _check_fields(cls, d, "engine config")
+        if "tiers" in d:
+            if not isinstance(d["tiers"], list | tuple):
+                raise ConfigError("tiers must be a list of tables")
+            d["tiers"] = tuple(TierConfig.from_dict(t) for t in d["tiers"])
+        return cls(**d)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    @classmethod
+    def from_toml(cls, text: str) -> EngineConfig:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"invalid TOML: {exc}") from exc
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> EngineConfig:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        return cls.from_toml(text)

@@ -1,0 +1,73 @@
+"""The tier interface: a byte store for records, keyed by block key.
+
+A tier knows nothing about records; the engine verifies what it reads. Wrappers (a
+fault-injecting tier, a logging tier) implement this same interface around another tier.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from rkv.config import TierConfig
+
+
+class TierReader(Protocol):
+    """Reads inside one consistent snapshot; returned buffers live until the snapshot ends."""
+
+    def get(self, key: bytes) -> memoryview | None: ...
+
+
+class Tier(ABC):
+    """A named store of records with a capacity."""
+
+    config: TierConfig
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    @abstractmethod
+    def store_id(self) -> str:
+        """A random id made when the tier's storage was created (detects a wiped tier)."""
+
+    @abstractmethod
+    def reader(self) -> AbstractContextManager[TierReader]:
+        """A snapshot for zero-copy reads."""
+
+    def get(self, key: bytes) -> bytes | None:
+        with self.reader() as r:
+            v = r.get(key)
+            return None if v is None else bytes(v)
+
+    @abstractmethod
+    def put_many(self, items: Iterable[tuple[bytes, Any]]) -> None:
+        """Write records atomically (all or none); values are bytes-like."""
+
+    def put(self, key: bytes, value: Any) -> None:
+        self.put_many([(key, value)])
+
+    @abstractmethod
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        """Delete records atomically; returns how many existed."""
+
+    def delete(self, key: bytes) -> bool:
+        return self.delete_many([key]) == 1
+
+    @abstractmethod
+    def keys(self) -> Iterator[bytes]:
+        """All keys (a snapshot)."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove every record."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Storage figures: records, bytes on the medium, map size."""
+
+    @abstractmethod
+    def close(self) -> None: ...
