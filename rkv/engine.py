@@ -233,6 +233,29 @@ class Engine:
         engine._mutate(lambda txn, pending: engine._reconcile(txn, pending, final))
         return engine
 
+    @classmethod
+    def destroy(cls, path: str | os.PathLike[str]) -> None:
+        """Delete the store at ``path``, including tiers kept outside it (memory tiers)."""
+        import shutil
+
+        root = Path(path).expanduser()
+        if not root.exists():
+            return
+        try:
+            with cls.open(root, create=False) as engine:
+                dirs = [resolve_tier_path(root, t) for t in engine.config.tiers]
+        except RkvError:
+            dirs = []
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+            parent = d.parent
+            if parent.name.startswith("rkv-") and parent.parent == memory_dir():
+                try:
+                    parent.rmdir()
+                except OSError:
+                    pass
+        shutil.rmtree(root, ignore_errors=True)
+
     def _reconcile(self, txn: Any, pending: _Pending, config: EngineConfig) -> None:
         """Record the config and drop index entries whose tier storage is gone."""
         ix = self._index

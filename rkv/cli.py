@@ -1,0 +1,113 @@
+"""The ``rkv`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rkv.engine import Engine
+from rkv.errors import RkvError
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    with Engine.open(args.path, create=False) as engine:
+        st = engine.stats()
+    if args.json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+        return 0
+    print(f"store        {st['path']}")
+    print(f"chunk_tokens {st['chunk_tokens']}")
+    print(f"chunks       {st['chunks']} ({st['tokens']} tokens; {st['shared_chunks']} shared, "
+          f"{st['pinned_chunks']} pinned)")
+    print("tiers:")
+    print(f"  {'name':<6} {'medium':<7} {'blocks':>8} {'used':>11} {'capacity':>11} "
+          f"{'fault model':<12} path")
+    for name, t in st["tiers"].items():
+        print(f"  {name:<6} {t['medium']:<7} {t['blocks']:>8} {_human(t['bytes']):>11} "
+              f"{_human(t['capacity_bytes']):>11} {t['fault_model']:<12} {t['path']}")
+    print("models:")
+    for m in st["models"]:
+        print(f"  {m['fingerprint']}  {m['model_id']} {m['dtype']} layers={m['n_layers']} "
+              f"kv_heads={m['n_kv_heads']} head_dim={m['head_dim']} tp={m['tp_rank']}/"
+              f"{m['tp_size']}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    def progress(done: int, total: int) -> None:
+        if not args.quiet and sys.stderr.isatty() and (done == total or done % 64 == 0):
+            print(f"\rverifying chunk {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    with Engine.open(args.path, create=False) as engine:
+        rep = engine.verify(progress=progress)
+    if not args.quiet and sys.stderr.isatty():
+        print(file=sys.stderr)
+    summary: dict[str, Any] = {
+        "chunks": rep.chunks, "blocks": rep.blocks, "ok": rep.ok, "corrected": rep.corrected,
+        "uncorrectable": rep.uncorrectable, "missing": rep.missing, "orphans": rep.orphans,
+        "clean": rep.clean,
+        "problems": [{"chunk": c, "layer": lay, "tier": t, "error": e}
+                     for c, lay, t, e in rep.problems],
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{rep.chunks} chunks, {rep.blocks} blocks: {rep.ok} ok, {rep.corrected} "
+              f"corrected, {rep.uncorrectable} uncorrectable, {rep.missing} missing; "
+              f"{rep.orphans} unreferenced records")
+        for c, lay, t, e in rep.problems[:50]:
+            print(f"  chunk {c[:16]}… layer {lay} ({t}): {e}")
+        if len(rep.problems) > 50:
+            print(f"  … and {len(rep.problems) - 50} more")
+        print("OK" if rep.clean else "CORRUPT")
+    return 0 if rep.clean else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rkv.demo import run_demo
+
+    return run_demo(path=args.path, prompts=args.prompts, keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rkv", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="show tiers, usage, blocks and model fingerprints")
+    info.add_argument("path")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(fn=cmd_info)
+    ver = sub.add_parser("verify", help="read and check every record; exit 1 if corrupt")
+    ver.add_argument("path")
+    ver.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ver.add_argument("--quiet", action="store_true", help="no progress output")
+    ver.set_defaults(fn=cmd_verify)
+    demo = sub.add_parser("demo", help="store and reload KV for prompts with shared prefixes")
+    demo.add_argument("--path", default=None, help="store directory (default: a temporary one)")
+    demo.add_argument("--prompts", type=int, default=6, help="number of prompts")
+    demo.add_argument("--keep", action="store_true", help="keep the store afterwards")
+    demo.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except RkvError as exc:
+        print(f"rkv: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install rkv with everything its tests and demos use.
+# Idempotent and quick when nothing changed: a stamp records what was installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.rkv-installed
+want="$(cat pyproject.toml scripts/setup-env.sh | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch is pinned: 2.13.0 is a local CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".[torch,test]"
+  echo "$want" > "$stamp"
+fi

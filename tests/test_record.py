@@ -1,0 +1,215 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rkv.errors import (
+    CorruptRecordError,
+    IntegrityError,
+    RecordMismatchError,
+    TruncatedRecordError,
+    UnknownFormatError,
+)
+from rkv.record import (
+    FIXED_BYTES,
+    RecordHeader,
+    data_checksum,
+    decode_record,
+    encode_array_record,
+    encode_record,
+)
+from rkv.tensors import numpy_dtype
+
+GOLDEN = Path(__file__).parent / "golden"
+KEY = bytes(range(32))
+FP = bytes(16)
+
+
+def make(shape: tuple[int, ...] = (2, 3, 2, 4), dtype: str = "float16", layer: int = 1,
+         seed: int = 0) -> tuple[bytearray, np.ndarray]:
+    data = np.random.default_rng(seed).standard_normal(shape).astype(numpy_dtype(dtype))
+    h = RecordHeader(key=KEY, layer=layer, fingerprint=FP, shape=shape, dtype=dtype,
+                     data_len=0, payload_len=0)
+    return encode_array_record(h, data), data
+
+
+def decode_data(rec: bytes | bytearray, dtype: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Decode and checksum like the engine; None if the data fails verification."""
+    dec = decode_record(rec, expect_key=KEY, expect_fingerprint=FP)
+    if data_checksum(dec.payload) != dec.header.checksum:
+        return None
+    return np.frombuffer(dec.payload, dtype=numpy_dtype(dtype)).reshape(shape)
+
+
+@given(
+    st.tuples(st.just(2), st.integers(1, 9), st.integers(1, 3), st.integers(1, 8)),
+    st.sampled_from(["float16", "bfloat16", "float32"]),
+    st.integers(0, 65535),
+)
+def test_round_trip(shape: tuple[int, int, int, int], dtype: str, layer: int) -> None:
+    rec, data = make(shape, dtype, layer)
+    dec = decode_record(rec, expect_key=KEY, expect_layer=layer, expect_fingerprint=FP)
+    assert dec.header.shape == shape and dec.header.dtype == dtype
+    assert dec.header_repairs == 0
+    assert bytes(dec.payload) == data.tobytes()
+    assert data_checksum(dec.payload) == dec.header.checksum
+
+
+def test_strided_source_is_copied_correctly() -> None:
+    big = np.random.default_rng(1).standard_normal((4, 2, 10, 3, 4)).astype(np.float16)
+    view = big[2, :, 3:8]
+    h = RecordHeader(key=KEY, layer=0, fingerprint=FP, shape=view.shape, dtype="float16",
+                     data_len=0, payload_len=0)
+    dec = decode_record(encode_array_record(h, view))
+    assert bytes(dec.payload) == np.ascontiguousarray(view).tobytes()
+
+
+def test_encode_record_matches_array_path() -> None:
+    rec, data = make()
+    dec = decode_record(rec)
+    assert encode_record(dec.header, data.tobytes()) == rec
+
+
+def test_every_header_bit_flip_is_corrected_or_detected() -> None:
+    rec, data = make()
+    head_end = decode_record(rec).header_bytes
+    outcomes = {"corrected": 0, "detected": 0}
+    for bit in range(head_end * 8):
+        bad = bytearray(rec)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        try:
+            got = decode_data(bad, "float16", data.shape)
+        except IntegrityError:
+            outcomes["detected"] += 1
+            continue
+        assert got is not None and np.array_equal(got, data), f"bit {bit} gave wrong data"
+        outcomes["corrected"] += 1
+    # Three copies: every single flip in the prelude or a header copy is corrected.
+    assert outcomes["detected"] == 0
+
+
+def test_burst_across_two_header_copies_is_detected_or_corrected() -> None:
+    rec, data = make()
+    hlen = (decode_record(rec).header_bytes - FIXED_BYTES) // 3
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        bad = bytearray(rec)
+        for copy in rng.choice(3, size=2, replace=False):
+            start = FIXED_BYTES + int(copy) * hlen + int(rng.integers(0, hlen - 4))
+            for j in range(4):
+                bad[start + j] ^= int(rng.integers(1, 256))
+        try:
+            got = decode_data(bad, "float16", data.shape)
+        except IntegrityError:
+            continue
+        assert got is not None and np.array_equal(got, data)
+
+
+def test_two_prelude_copies_corrupted_is_detected() -> None:
+    rec, _ = make()
+    bad = bytearray(rec)
+    bad[0] ^= 0xFF
+    bad[8] ^= 0xFF
+    with pytest.raises(CorruptRecordError):
+        decode_record(bad)
+
+
+@given(st.data())
+def test_random_corruption_never_yields_wrong_data(data: st.DataObject) -> None:
+    rec, arr = make(seed=3)
+    bad = bytearray(rec)
+    for _ in range(data.draw(st.integers(1, 40))):
+        pos = data.draw(st.integers(0, len(bad) - 1))
+        bad[pos] ^= data.draw(st.integers(1, 255))
+    try:
+        got = decode_data(bad, "float16", arr.shape)
+    except IntegrityError:
+        return
+    if got is not None:
+        assert np.array_equal(got, arr)
+
+
+def test_every_truncation_is_a_typed_error() -> None:
+    rec, _ = make()
+    for n in range(len(rec)):
+        with pytest.raises(TruncatedRecordError):
+            decode_record(rec[:n])
+    with pytest.raises(TruncatedRecordError):
+        decode_record(rec + b"\x00")
+
+
+def test_payload_flip_fails_checksum() -> None:
+    rec, arr = make()
+    bad = bytearray(rec)
+    bad[-1] ^= 0x10
+    assert decode_data(bad, "float16", arr.shape) is None
+
+
+def test_unknown_version_and_magic() -> None:
+    rec, _ = make()
+    bad = bytearray(rec)
+    for c in range(3):
+        bad[8 * c + 4] = 2
+    with pytest.raises(UnknownFormatError):
+        decode_record(bad)
+    bad = bytearray(rec)
+    for c in range(3):
+        bad[8 * c] = ord("X")
+    with pytest.raises(CorruptRecordError, match="magic"):
+        decode_record(bad)
+    with pytest.raises(CorruptRecordError):
+        decode_record(b"\x00" * 200)
+
+
+def test_mislabelled_record() -> None:
+    rec, _ = make(layer=2)
+    with pytest.raises(RecordMismatchError):
+        decode_record(rec, expect_key=bytes(32))
+    with pytest.raises(RecordMismatchError):
+        decode_record(rec, expect_layer=3)
+    with pytest.raises(RecordMismatchError):
+        decode_record(rec, expect_fingerprint=b"\x01" * 16)
+
+
+def test_hostile_but_well_checksummed_header_is_rejected() -> None:
+    """A header with a valid checksum but nonsense fields still gets a typed error."""
+    import xxhash
+
+    from rkv.record import MAGIC
+
+    for body in [b"[]", b'{"key": 1}', b"\xff\xfe", json.dumps(
+            {"key": "00" * 32, "layer": -1, "fp": "00" * 16, "shape": [2, 1, 1, 1],
+             "dtype": "float16", "codecs": [], "data_len": 0, "payload_len": 0,
+             "checksum": "xxh3_128:" + "00" * 16}).encode()]:
+        hlen = len(body) + 8
+        pre = MAGIC + bytes([1, 0]) + hlen.to_bytes(2, "little")
+        copy = body + xxhash.xxh3_64_digest(pre + body)[::-1]
+        with pytest.raises(CorruptRecordError):
+            decode_record(pre * 3 + copy * 3)
+
+
+@pytest.mark.parametrize("name", ["record_v1_float16", "record_v1_bfloat16", "record_v1_float32"])
+def test_golden_records(name: str) -> None:
+    """The v1 byte format is frozen: these files must decode and re-encode identically."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_golden", GOLDEN / "make_golden.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    dtype, shape, layer = mod.CASES[name]
+    meta = json.loads((GOLDEN / f"{name}.json").read_text())
+    raw = (GOLDEN / f"{name}.bin").read_bytes()
+    assert len(raw) == meta["bytes"]
+    data = mod.case_data(dtype, shape)
+    dec = decode_record(raw)
+    assert dec.header.shape == shape and dec.header.dtype == dtype
+    assert dec.header.layer == layer
+    assert bytes(dec.payload) == data.tobytes()
+    assert data_checksum(dec.payload) == dec.header.checksum
+    assert bytes(encode_array_record(mod.case_header(name, dtype, shape, layer), data)) == raw
