@@ -1,1 +1,4 @@
-"""Per-tier bit-error models (numpy only; never imports rkv)."""
+"""Per-tier bit-error models: probabilities and error-pattern samplers.
+
+Depends on numpy only and never imports rkv. The DRAM, CXL and NVMe presets land here.
+"""

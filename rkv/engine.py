@@ -9,7 +9,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -21,6 +21,7 @@ from rkv.config import EngineConfig, TierConfig
 from rkv.errors import (
     ChecksumError,
     ConfigError,
+    CorruptRecordError,
     IntegrityError,
     MissingRecordError,
     RecordMismatchError,
@@ -31,7 +32,13 @@ from rkv.errors import (
 from rkv.index import INDEX_FORMAT, ChunkMeta, Index, Usage
 from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
-from rkv.record import RecordHeader, data_checksum, decode_record, encode_array_record
+from rkv.record import (
+    RecordHeader,
+    checksum_of_parts,
+    data_checksum,
+    decode_record,
+    encode_array_record,
+)
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
 from rkv.tiers import LmdbTier, Tier, TierReader
 
@@ -250,10 +257,8 @@ class Engine:
             shutil.rmtree(d, ignore_errors=True)
             parent = d.parent
             if parent.name.startswith("rkv-") and parent.parent == memory_dir():
-                try:
+                with suppress(OSError):
                     parent.rmdir()
-                except OSError:
-                    pass
         shutil.rmtree(root, ignore_errors=True)
 
     def _reconcile(self, txn: Any, pending: _Pending, config: EngineConfig) -> None:
@@ -631,9 +636,10 @@ class Engine:
                     return BlockStatus(ci, layer, tier, MISSING, 0,
                                        MissingRecordError("chunk was evicted during the read"))
                 tier = fresh.blocks[layer][0]
-                rec = self._tiers[tier].get(bkey)
-                if rec is None:
+                copy = self._tiers[tier].get(bkey)
+                if copy is None:
                     raise MissingRecordError(f"block {bkey.hex()} is missing from tier {tier}")
+                rec = memoryview(copy)
             repairs = self._verify_into(rec, key, layer, fp, spec, meta.n_tokens, dest)
         except MissingRecordError as exc:
             return BlockStatus(ci, layer, tier, MISSING, 0, exc)
@@ -656,10 +662,17 @@ class Engine:
             )
         if h.codecs:
             raise RecordMismatchError(f"record uses codecs {h.codecs} this engine cannot decode")
-        if h.data_len != h.payload_len or data_checksum(dec.payload) != h.checksum:
-            raise ChecksumError("block data does not match its end-to-end checksum")
-        if dest is not None:
+        if h.data_len != h.payload_len:
+            raise CorruptRecordError("record lengths are inconsistent")
+        if dest is None:
+            ok = data_checksum(dec.payload) == h.checksum
+        else:
+            # Copy first, then hash the copy while it is still in cache: one pass over the
+            # stored bytes instead of two. On a mismatch the caller discards ``dest``.
             dest[...] = np.frombuffer(dec.payload, dtype=dest.dtype).reshape(dest.shape)
+            ok = checksum_of_parts(dest) == h.checksum
+        if not ok:
+            raise ChecksumError("block data does not match its end-to-end checksum")
         return dec.header_repairs
 
     # -- control ------------------------------------------------------------------------------
@@ -815,8 +828,8 @@ class Engine:
             if progress is not None:
                 progress(i + 1, len(entries))
         orphans = 0
-        for name, tier in self._tiers.items():
-            orphans += sum(1 for k in tier.keys() if k not in referenced[name])
+        for name, store in self._tiers.items():
+            orphans += sum(1 for k in store.iter_keys() if k not in referenced[name])
         return VerifyReport(
             chunks=len(entries), blocks=sum(counts.values()), ok=counts[OK],
             corrected=counts[CORRECTED], uncorrectable=counts[UNCORRECTABLE],

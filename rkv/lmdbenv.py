@@ -64,9 +64,15 @@ class SharedEnv:
         finally:
             txn.abort()
 
-    def write(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(txn)`` in a write transaction, growing the map and retrying when full."""
+    def write(self, fn: Callable[[Any], T], *, reserve: int = 0) -> T:
+        """Run ``fn(txn)`` in a write transaction, growing the map and retrying when full.
+
+        ``reserve`` (bytes about to be written) grows the map ahead of time, so a large batch
+        does not fail and retry once per doubling.
+        """
         self.check()
+        if reserve:
+            self.ensure_room(reserve)
         while True:
             try:
                 txn = self.env.begin(write=True)
@@ -84,12 +90,20 @@ class SharedEnv:
                 txn.abort()
                 raise
 
-    def grow(self) -> None:
+    def grow(self, at_least: int = 0) -> None:
         with self._grow_lock:
             size = self.env.info()["map_size"]
             if size >= MAX_MAP_BYTES:
                 raise TierFullError(f"LMDB map at {self.path} reached {size} bytes")
-            self.env.set_mapsize(min(size * 2, MAX_MAP_BYTES))
+            self.env.set_mapsize(min(max(size * 2, at_least), MAX_MAP_BYTES))
+
+    def ensure_room(self, nbytes: int) -> None:
+        """Grow the map now if ``nbytes`` more (plus B-tree and free-list slack) may not fit."""
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        want = used + nbytes + nbytes // 4 + (1 << 20)
+        if want > info["map_size"]:
+            self.grow(at_least=want + want // 2)
 
     def map_size(self) -> int:
         return int(self.env.info()["map_size"])

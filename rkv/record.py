@@ -6,10 +6,20 @@ Layout (integers little-endian; see docs/format.md for the full byte map)::
     0          8     prelude copy 0: magic b"RKVB" | version u8 | flags u8 | L u16
     8          8     prelude copy 1
     16         8     prelude copy 2
-    24         L     header copy 0: JSON body (L - 8 bytes) | xxh3_64(prelude || body) u64
+    24         L     header copy 0: body (L - 8 bytes) | xxh3_64(prelude || body) u64
     24 + L     L     header copy 1
     24 + 2L    L     header copy 2
-    24 + 3L    P     payload (P = header["payload_len"])
+    24 + 3L    pad   zero padding up to the next multiple of 64 (ignored when read)
+    A          P     payload (A = 24 + 3L rounded up to 64; P = payload_len)
+
+The header body is a fixed binary part (key, fingerprint, layer, dtype, shape, lengths, the
+checksum) followed by the codec configs as a JSON array (empty when no codec is used)::
+
+    0    32  chunk key            48   2  layer u16          50  1  dtype code u8
+    51    1  ndim u8 (= 4)        52  16  shape, 4 x u32     68  8  data_len u64
+    76    8  payload_len u64      84   1  checksum alg u8    85 16  checksum
+    101   2  codec JSON length C  103  C  codec configs (UTF-8 JSON array)
+    (32..47: model fingerprint, 16 bytes)
 
 The prelude is recovered by a bitwise majority vote over its three copies, so any error that
 hits one copy at each bit position is corrected. A header copy is used only when its own
@@ -22,7 +32,7 @@ ECC, i.e. what the caller gets back).
 from __future__ import annotations
 
 import json
-import re
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +41,7 @@ import xxhash
 
 from rkv.errors import (
     CorruptRecordError,
+    InputError,
     RecordMismatchError,
     TruncatedRecordError,
     UnknownFormatError,
@@ -45,17 +56,29 @@ PRELUDE_COPIES = 3
 HEADER_COPIES = 3
 HEADER_CHECK_BYTES = 8
 FIXED_BYTES = PRELUDE_BYTES * PRELUDE_COPIES
+PAYLOAD_ALIGN = 64
 CHECKSUM_ALG = "xxh3_128"
-_CHECKSUM_HEX = 32
-_HEX = re.compile(r"[0-9a-f]*")
-_HEADER_KEYS = {
-    "key", "layer", "fp", "shape", "dtype", "codecs", "data_len", "payload_len", "checksum",
-}
+_CHECKSUM_CODES = {1: CHECKSUM_ALG}
+_DTYPE_CODES = {1: "float16", 2: "bfloat16", 3: "float32"}
+_DTYPE_IDS = {v: k for k, v in _DTYPE_CODES.items()}
+assert set(_DTYPE_IDS) == set(KV_DTYPES)
+_BODY = struct.Struct("<32s16sHBB4IQQB16sH")
 
 
 def data_checksum(data: Any) -> bytes:
     """End-to-end checksum of a block's data (xxh3_128, 16 bytes)."""
     return xxhash.xxh3_128_digest(data)
+
+
+def checksum_of_parts(arr: np.ndarray) -> bytes:
+    """:func:`data_checksum` of ``arr``'s bytes in C order, for a view whose outer axis may be
+    strided (each ``arr[i]`` contiguous), without gathering it into one buffer."""
+    if arr.flags.c_contiguous:
+        return data_checksum(arr)
+    h = xxhash.xxh3_128()
+    for part in arr:
+        h.update(np.ascontiguousarray(part))  # a view, not a copy, when part is contiguous
+    return h.digest()
 
 
 @dataclass(frozen=True)
@@ -72,64 +95,52 @@ class RecordHeader:
     checksum: bytes = bytes(16)   # data_checksum(data)
     codecs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
-    def to_json(self) -> bytes:
-        body = {
-            "key": self.key.hex(),
-            "layer": self.layer,
-            "fp": self.fingerprint.hex(),
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "codecs": list(self.codecs),
-            "data_len": self.data_len,
-            "payload_len": self.payload_len,
-            "checksum": f"{CHECKSUM_ALG}:{self.checksum.hex()}",
-        }
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    def __post_init__(self) -> None:
+        if (len(self.key) != KEY_BYTES or len(self.fingerprint) != FINGERPRINT_BYTES
+                or len(self.checksum) != 16):
+            raise InputError("record key, fingerprint and checksum have fixed sizes")
+        if not 0 <= self.layer <= 0xFFFF or self.dtype not in _DTYPE_IDS:
+            raise InputError(f"bad layer {self.layer} or dtype {self.dtype!r}")
+        if len(self.shape) != 4 or not all(0 <= d <= 0xFFFFFFFF for d in self.shape):
+            raise InputError(f"bad block shape {self.shape}")
+
+    def to_bytes(self) -> bytes:
+        codecs = (json.dumps(list(self.codecs), sort_keys=True, separators=(",", ":")).encode()
+                  if self.codecs else b"")
+        return _BODY.pack(
+            self.key, self.fingerprint, self.layer, _DTYPE_IDS[self.dtype], len(self.shape),
+            *self.shape, self.data_len, self.payload_len, 1, self.checksum, len(codecs),
+        ) + codecs
 
     @classmethod
-    def from_json(cls, raw: bytes) -> RecordHeader:
-        try:
-            body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptRecordError(f"record header is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict) or set(body) != _HEADER_KEYS:
-            raise CorruptRecordError("record header has missing or unknown fields")
-        try:
-            key = _hex_field(body["key"], KEY_BYTES, "key")
-            fp = _hex_field(body["fp"], FINGERPRINT_BYTES, "fp")
-            alg, _, digest = str(body["checksum"]).partition(":")
-            if alg != CHECKSUM_ALG:
-                raise UnknownFormatError(f"unknown checksum algorithm {alg!r}")
-            checksum = _hex_field(digest, 16, "checksum")
-            shape = body["shape"]
-            if (not isinstance(shape, list) or len(shape) != 4 or shape[0] != 2
-                    or not all(_is_count(s) for s in shape)):
-                raise CorruptRecordError(f"bad block shape {shape!r}")
-            if body["dtype"] not in KV_DTYPES:
-                raise CorruptRecordError(f"bad dtype {body['dtype']!r}")
-            for name in ("layer", "data_len", "payload_len"):
-                if not _is_count(body[name]):
-                    raise CorruptRecordError(f"bad {name} {body[name]!r}")
-            codecs = body["codecs"]
-            if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
-                raise CorruptRecordError("bad codec list")
-        except (TypeError, ValueError) as exc:  # pragma: no cover - defensive
-            raise CorruptRecordError(f"bad record header: {exc}") from exc
-        return cls(
-            key=key, layer=body["layer"], fingerprint=fp, shape=tuple(shape),
-            dtype=body["dtype"], data_len=body["data_len"], payload_len=body["payload_len"],
-            checksum=checksum, codecs=tuple(codecs),
-        )
-
-
-def _is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 48
-
-
-def _hex_field(v: Any, nbytes: int, name: str) -> bytes:
-    if not isinstance(v, str) or len(v) != 2 * nbytes or not _HEX.fullmatch(v):
-        raise CorruptRecordError(f"bad {name} field in record header")
-    return bytes.fromhex(v)
+    def from_bytes(cls, raw: bytes) -> RecordHeader:
+        """Parse and validate a header body; anything malformed is a CorruptRecordError."""
+        if len(raw) < _BODY.size:
+            raise CorruptRecordError("record header body is too short")
+        (key, fp, layer, dtype_id, ndim, s0, s1, s2, s3, data_len, payload_len, alg,
+         checksum, clen) = _BODY.unpack_from(raw)
+        dtype = _DTYPE_CODES.get(dtype_id)
+        if dtype is None:
+            raise CorruptRecordError(f"unknown dtype code {dtype_id}")
+        if alg not in _CHECKSUM_CODES:
+            raise UnknownFormatError(f"unknown checksum algorithm code {alg}")
+        if ndim != 4 or s0 != 2:
+            raise CorruptRecordError(f"bad block shape {[s0, s1, s2, s3][:ndim]}")
+        if len(raw) != _BODY.size + clen:
+            raise CorruptRecordError("record header length does not match its codec list")
+        codecs: tuple[dict[str, Any], ...] = ()
+        if clen:
+            try:
+                parsed = json.loads(raw[_BODY.size:].decode("utf-8"))
+            except ValueError as exc:
+                raise CorruptRecordError(f"record codec list is not valid JSON: {exc}") from exc
+            if type(parsed) is not list or not parsed or not all(
+                    type(c) is dict for c in parsed):
+                raise CorruptRecordError("bad codec list in record header")
+            codecs = tuple(parsed)
+        return cls(key=key, layer=layer, fingerprint=fp, shape=(s0, s1, s2, s3), dtype=dtype,
+                   data_len=data_len, payload_len=payload_len, checksum=checksum,
+                   codecs=codecs)
 
 
 def _prelude(header_len: int) -> bytes:
@@ -137,16 +148,25 @@ def _prelude(header_len: int) -> bytes:
 
 
 def _header_copy(prelude: bytes, body: bytes) -> bytes:
-    return body + xxhash.xxh3_64_digest(prelude + body)[::-1]  # stored little-endian
+    return body + xxhash.xxh3_64_intdigest(prelude + body).to_bytes(8, "little")
+
+
+def payload_offset(header_len: int) -> int:
+    """Where the payload starts: after the header copies, aligned to 64 bytes so that readers
+    copy and hash it with aligned, vectorized loops."""
+    end = FIXED_BYTES + HEADER_COPIES * header_len
+    return (end + PAYLOAD_ALIGN - 1) // PAYLOAD_ALIGN * PAYLOAD_ALIGN
 
 
 def _header_bytes(header: RecordHeader) -> bytes:
-    body = header.to_json()
+    """Prelude and header copies, zero-padded to the payload offset."""
+    body = header.to_bytes()
     length = len(body) + HEADER_CHECK_BYTES
     if length > 0xFFFF:
         raise CorruptRecordError("record header too large")
     pre = _prelude(length)
-    return pre * PRELUDE_COPIES + _header_copy(pre, body) * HEADER_COPIES
+    head = pre * PRELUDE_COPIES + _header_copy(pre, body) * HEADER_COPIES
+    return head + bytes(payload_offset(length) - len(head))
 
 
 def encode_record(header: RecordHeader, payload: Any) -> bytearray:
@@ -173,11 +193,11 @@ def encode_array_record(header: RecordHeader, data: np.ndarray) -> bytearray:
         shape=header.shape, dtype=header.dtype, data_len=nbytes, payload_len=nbytes,
         codecs=header.codecs,
     )
-    head_len = len(_header_bytes(placeholder))  # checksum is fixed-width hex
+    head_len = len(_header_bytes(placeholder))  # the checksum has a fixed width
     out = bytearray(head_len + nbytes)
     dest = np.frombuffer(out, dtype=np.uint8, offset=head_len)
-    dest.reshape(data.shape + (data.itemsize,))[...] = data.view(np.uint8).reshape(
-        data.shape + (data.itemsize,)
+    dest.reshape((*data.shape, data.itemsize))[...] = data.view(np.uint8).reshape(
+        (*data.shape, data.itemsize)
     )
     final = RecordHeader(
         key=header.key, layer=header.layer, fingerprint=header.fingerprint,
@@ -195,7 +215,7 @@ class DecodedRecord:
     header: RecordHeader
     payload: memoryview           # view into the buffer passed to decode_record
     header_repairs: int           # prelude/header copies that had to be outvoted or skipped
-    header_bytes: int             # offset of the payload
+    header_bytes: int             # offset of the payload (prelude, header copies, padding)
 
 
 def _majority(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -218,11 +238,14 @@ def decode_record(
     total = view.nbytes
     if total < FIXED_BYTES:
         raise TruncatedRecordError(f"record is {total} bytes, shorter than its prelude")
-    arr = np.frombuffer(view, dtype=np.uint8)
-    copies = arr[:FIXED_BYTES].reshape(PRELUDE_COPIES, PRELUDE_BYTES)
-    voted = _majority(copies[0], copies[1], copies[2])
-    repairs = int(np.count_nonzero((copies != voted).any(axis=1)))
-    pre = voted.tobytes()
+    repairs = 0
+    pre = bytes(view[:PRELUDE_BYTES])
+    if pre != view[PRELUDE_BYTES:2 * PRELUDE_BYTES] or pre != view[2 * PRELUDE_BYTES:FIXED_BYTES]:
+        copies = np.frombuffer(view[:FIXED_BYTES], dtype=np.uint8).reshape(
+            PRELUDE_COPIES, PRELUDE_BYTES)
+        voted = _majority(copies[0], copies[1], copies[2])
+        repairs = int(np.count_nonzero((copies != voted).any(axis=1)))
+        pre = voted.tobytes()
     if pre[:4] != MAGIC:
         raise CorruptRecordError("not an rkv record (bad magic)")
     if pre[4] != FORMAT_VERSION:
@@ -235,23 +258,29 @@ def decode_record(
     head_end = FIXED_BYTES + HEADER_COPIES * hlen
     if total < head_end:
         raise TruncatedRecordError(f"record is {total} bytes, its header ends at {head_end}")
-    hcopies = arr[FIXED_BYTES:head_end].reshape(HEADER_COPIES, hlen)
     body = None
     for i in range(HEADER_COPIES):
-        if _header_ok(pre, hcopies[i]):
-            body = hcopies[i, :-HEADER_CHECK_BYTES].tobytes()
+        start = FIXED_BYTES + i * hlen
+        candidate = bytes(view[start:start + hlen - HEADER_CHECK_BYTES])
+        stored = int.from_bytes(view[start + hlen - HEADER_CHECK_BYTES:start + hlen], "little")
+        if xxhash.xxh3_64_intdigest(pre + candidate) == stored:
+            body = candidate
             repairs += i
             break
     if body is None:
-        merged = _majority(hcopies[0], hcopies[1], hcopies[2])
-        if not _header_ok(pre, merged):
+        hcopies = np.frombuffer(view[FIXED_BYTES:head_end], dtype=np.uint8).reshape(
+            HEADER_COPIES, hlen)
+        merged = _majority(hcopies[0], hcopies[1], hcopies[2]).tobytes()
+        body = merged[:-HEADER_CHECK_BYTES]
+        stored = int.from_bytes(merged[-HEADER_CHECK_BYTES:], "little")
+        if xxhash.xxh3_64_intdigest(pre + body) != stored:
             raise CorruptRecordError("record header is corrupt in all copies")
-        body = merged[:-HEADER_CHECK_BYTES].tobytes()
         repairs += HEADER_COPIES
-    header = RecordHeader.from_json(body)
-    if total != head_end + header.payload_len:
+    header = RecordHeader.from_bytes(body)
+    start = payload_offset(hlen)
+    if total != start + header.payload_len:
         raise TruncatedRecordError(
-            f"record is {total} bytes, header says {head_end + header.payload_len}"
+            f"record is {total} bytes, header says {start + header.payload_len}"
         )
     if expect_key is not None and header.key != expect_key:
         raise RecordMismatchError("record was written under another chunk key")
@@ -261,9 +290,5 @@ def decode_record(
         )
     if expect_fingerprint is not None and header.fingerprint != expect_fingerprint:
         raise RecordMismatchError("record was written for another model fingerprint")
-    return DecodedRecord(header, view[head_end:], repairs, head_end)
+    return DecodedRecord(header, view[start:], repairs, start)
 
-
-def _header_ok(pre: bytes, copy: np.ndarray) -> bool:
-    body = copy[:-HEADER_CHECK_BYTES].tobytes()
-    return bool(_header_copy(pre, body)[-HEADER_CHECK_BYTES:] == copy[-HEADER_CHECK_BYTES:].tobytes())

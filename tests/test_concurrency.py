@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL, local_config
+from rkvtest import SMALL, local_config
 
 from rkv import Engine, StoreClosedError
 from rkv.demo import synthetic_kv
@@ -46,7 +46,8 @@ def reader(path: str, rounds: int, q: mp.Queue) -> None:  # type: ignore[type-ar
                 if bad:
                     q.put(("error", f"blocks {bad}"))
                     return
-                if got.n_tokens and not np.array_equal(got.kv, synthetic_kv(SMALL, s[: got.n_tokens])):
+                want = synthetic_kv(SMALL, s[: got.n_tokens])
+                if got.n_tokens and not np.array_equal(got.kv, want):
                     q.put(("error", f"wrong KV for sequence {r % N_SEQS}"))
                     return
                 seen += got.n_tokens > 0
@@ -89,7 +90,7 @@ def test_readers_and_writers_in_parallel(tmp_path: Path) -> None:
         assert st["chunks"] == len(expected)
         for name, t in st["tiers"].items():
             assert t["records"] == t["blocks"], name     # usage accounting lost nothing
-            stored = sum(len(e.tiers[name].get(k) or b"") for k in e.tiers[name].keys())
+            stored = sum(len(e.tiers[name].get(k) or b"") for k in e.tiers[name].iter_keys())
             assert stored == t["bytes"], name
 
 

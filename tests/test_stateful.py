@@ -7,7 +7,7 @@ import tempfile
 from typing import Any
 
 import numpy as np
-from conftest import SMALL, local_config
+from rkvtest import SMALL, local_config
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (

@@ -58,7 +58,7 @@ class Tier(ABC):
         return self.delete_many([key]) == 1
 
     @abstractmethod
-    def keys(self) -> Iterator[bytes]:
+    def iter_keys(self) -> Iterator[bytes]:
         """All keys (a snapshot)."""
 
     @abstractmethod

@@ -72,7 +72,7 @@ class LmdbTier(Tier):
             for k, v in items:
                 txn.put(k, v, db=db)
 
-        self.env.write(fn)
+        self.env.write(fn, reserve=sum(len(k) + memoryview(v).nbytes for k, v in items))
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         keys = list(keys)
@@ -83,7 +83,7 @@ class LmdbTier(Tier):
 
         return self.env.write(fn)
 
-    def keys(self) -> Iterator[bytes]:
+    def iter_keys(self) -> Iterator[bytes]:
         with self.env.read() as txn:
             found = [bytes(k) for k in txn.cursor(db=self._blocks).iternext(values=False)]
         yield from found
