@@ -5,8 +5,10 @@
 Baselines (one LMDB environment on the same medium, same flags, one write transaction per
 sequence like the engine):
 * raw put: ``txn.put`` of each block's bytes (already contiguous) under a 34-byte key;
-* raw get: in one read transaction, ``txn.get`` of each block (zero-copy) and a copy into a
-  preallocated ``[layers, 2, tokens, heads, dim]`` array, the least any reader must do.
+* raw get: in one read transaction per sequence, ``txn.get`` of each block (zero-copy) and a
+  copy into a ``[layers, 2, tokens, heads, dim]`` array, the least any reader must do: once
+  into a fresh array per sequence (like ``Engine.get``), once into a reused buffer (like
+  ``Engine.get(out=...)``).
 The engine does the same work plus chunk hashing, record framing, the index, the end-to-end
 checksum (xxh3_128) on write and verification (header + checksum) on every read.
 Reads: one untimed pass first (first-touch page faults of fresh mappings and buffers), then
@@ -50,7 +52,7 @@ def workload(spec: ModelSpec, seqs: int, tokens: int) -> list[tuple[np.ndarray, 
 
 
 def raw_lmdb(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
-             chunk: int, reads: int) -> tuple[float, float]:
+             chunk: int, reads: int) -> tuple[float, float, float]:
     env = lmdb.open(str(base / "raw"), map_size=1 << 36, sync=False, metasync=False,
                     readahead=False, max_dbs=2)
     db = env.open_db(b"blocks")
@@ -72,9 +74,11 @@ def raw_lmdb(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarra
                 txn.put(k, arr)
     t_put = time.perf_counter() - t0
 
-    def read_all() -> None:
-        for (t, kv), items in zip(data, prepared, strict=True):
-            out = np.empty_like(kv)
+    bufs = [np.empty_like(kv) for _, kv in data]
+
+    def read_all(reuse: bool) -> None:
+        for (t, kv), items, buf in zip(data, prepared, bufs, strict=True):
+            out = buf if reuse else np.empty_like(kv)
             with env.begin(buffers=True, db=db) as txn:
                 i = 0
                 for s, e in chunk_bounds(len(t), chunk):
@@ -86,22 +90,28 @@ def raw_lmdb(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarra
 
     t_get = timed_reads(read_all, reads)
     env.close()
-    return t_put, t_get
+    return (t_put, *t_get)
 
 
-def timed_reads(fn: Any, reads: int) -> float:
-    """One untimed pass (first-touch page faults of a fresh mapping), then the median pass."""
-    fn()
-    times = []
-    for _ in range(reads):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def timed_reads(fn: Any, reads: int) -> tuple[float, float]:
+    """Median read pass into fresh arrays and into reused buffers.
+
+    One untimed pass of each first (first-touch page faults of fresh mappings and buffers).
+    """
+    out = []
+    for reuse in (False, True):
+        fn(reuse)
+        times = []
+        for _ in range(reads):
+            t0 = time.perf_counter()
+            fn(reuse)
+            times.append(time.perf_counter() - t0)
+        out.append(statistics.median(times))
+    return out[0], out[1]
 
 
 def engine_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
-               chunk: int, medium: str, reads: int) -> tuple[float, float]:
+               chunk: int, medium: str, reads: int) -> tuple[float, float, float]:
     cfg = EngineConfig(chunk_tokens=chunk, tiers=(
         TierConfig("t0", medium=medium, path=str(base / "t0"), capacity_bytes=1 << 40),))
     with Engine.open(base / "store", cfg) as e:
@@ -110,15 +120,17 @@ def engine_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndar
             e.put(t, kv, model=spec)
         t_put = time.perf_counter() - t0
 
-        def read_all() -> None:
-            for t, _ in data:
-                got = e.get(t, model=spec)
+        bufs = [np.empty_like(kv) for _, kv in data]
+
+        def read_all(reuse: bool) -> None:
+            for (t, _), buf in zip(data, bufs, strict=True):
+                got = e.get(t, model=spec, out=buf if reuse else None)
                 assert got.ok and got.n_tokens == len(t)
 
         t_get = timed_reads(read_all, reads)
         t, kv = data[-1]
         assert np.array_equal(e.get(t, model=spec).kv, kv)
-    return t_put, t_get
+    return (t_put, *t_get)
 
 
 def main() -> None:
@@ -138,30 +150,33 @@ def main() -> None:
         spec = MODELS[name]
         data = workload(spec, args.seqs, args.tokens)
         total = sum(kv.nbytes for _, kv in data)
-        samples: dict[str, list[float]] = {"raw_put": [], "raw_get": [], "put": [], "get": []}
+        samples: dict[str, list[float]] = {k: [] for k in (
+            "raw_put", "raw_get", "raw_get_into", "put", "get", "get_into")}
         for _ in range(args.repeat):
             base = Path(tempfile.mkdtemp(prefix="rkv-bench-", dir=where))
             try:
-                rp, rg = raw_lmdb(base, spec, data, args.chunk, args.reads)
-                ep, eg = engine_run(base, spec, data, args.chunk, args.medium, args.reads)
+                raw = raw_lmdb(base, spec, data, args.chunk, args.reads)
+                eng = engine_run(base, spec, data, args.chunk, args.medium, args.reads)
             finally:
                 shutil.rmtree(base, ignore_errors=True)
-            for k, v in zip(samples, (rp, rg, ep, eg), strict=True):
+            for k, v in zip(samples, (*raw, *eng), strict=True):
                 samples[k].append(total / v / 1e9)
         med = {k: statistics.median(v) for k, v in samples.items()}
         block = 2 * args.chunk * spec.n_kv_heads * spec.head_dim * 2
         rows.append({"model": name, "block_bytes": block, "total_bytes": total, **med,
                      "put_ratio": med["put"] / med["raw_put"],
-                     "get_ratio": med["get"] / med["raw_get"]})
+                     "get_ratio": med["get"] / med["raw_get"],
+                     "get_into_ratio": med["get_into"] / med["raw_get_into"]})
     print(f"\nmedium={args.medium}, {args.seqs} sequences x {args.tokens} tokens, "
           f"chunk {args.chunk}, median of {args.repeat} (GB/s of KV)\n")
-    print("| model | block | raw LMDB put | rkv put | ratio | raw LMDB get+copy | "
-          "rkv get (verified) | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | block | raw put | rkv put | ratio | raw get | rkv get | ratio | "
+          "raw get into buffer | rkv get out= | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['block_bytes'] // 1024} KiB | {r['raw_put']:.2f} | "
               f"{r['put']:.2f} | {r['put_ratio']:.2f} | {r['raw_get']:.2f} | {r['get']:.2f} | "
-              f"{r['get_ratio']:.2f} |")
+              f"{r['get_ratio']:.2f} | {r['raw_get_into']:.2f} | {r['get_into']:.2f} | "
+              f"{r['get_into_ratio']:.2f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -10,7 +10,8 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -26,6 +27,7 @@ from rkv.errors import (
     MissingRecordError,
     RecordMismatchError,
     RkvError,
+    ShapeError,
     StoreClosedError,
     TierFullError,
 )
@@ -34,6 +36,7 @@ from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
 from rkv.record import (
     RecordHeader,
+    array_record_size,
     checksum_of_parts,
     data_checksum,
     decode_record,
@@ -68,7 +71,7 @@ def resolve_tier_path(root: Path, tier: TierConfig) -> Path:
     return root / "tiers" / tier.name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BlockStatus:
     """The outcome of reading one block."""
 
@@ -136,6 +139,18 @@ class VerifyReport:
         return self.uncorrectable == 0 and self.missing == 0
 
 
+class _Scratch:
+    """A reusable, growable uint8 buffer (records are encoded into it one at a time)."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.uint8)
+
+    def __call__(self, n: int) -> np.ndarray:
+        if self._buf.size < n:
+            self._buf = np.empty(n, dtype=np.uint8)
+        return self._buf[:n]
+
+
 class _Pending:
     """Tier writes and deletions planned inside one index transaction.
 
@@ -146,20 +161,22 @@ class _Pending:
     def __init__(self, tiers: dict[str, Tier], reader: Callable[[str, bytes], bytes | None]):
         self.tiers = tiers
         self._read = reader
-        self.writes: dict[str, dict[bytes, Any]] = defaultdict(dict)
+        self.writes: dict[str, dict[bytes, tuple[Any, int]]] = defaultdict(dict)
         self.deletes: dict[str, set[bytes]] = defaultdict(set)
 
-    def write(self, tier: str, key: bytes, value: Any) -> None:
-        self.writes[tier][key] = value
+    def write(self, tier: str, key: bytes, value: Any, size: int) -> None:
+        """Plan a write of ``value`` (bytes-like, or a callable producing ``size`` bytes)."""
+        self.writes[tier][key] = (value, size)
         self.deletes[tier].discard(key)
 
     def move(self, key: bytes, src: str, dst: str) -> None:
-        value = self.writes[src].pop(key, None)
-        if value is None:
+        planned = self.writes[src].pop(key, None)
+        if planned is None:
             value = self._read(src, key)
             if value is None:
                 raise MissingRecordError(f"record {key.hex()} is missing from tier {src}")
-        self.write(dst, key, value)
+            planned = (value, len(value))
+        self.write(dst, key, *planned)
         self.deletes[src].add(key)
 
     def drop(self, tier: str, key: bytes) -> None:
@@ -169,7 +186,8 @@ class _Pending:
     def flush_writes(self) -> None:
         for tier, items in self.writes.items():
             if items:
-                self.tiers[tier].put_many(items.items())
+                self.tiers[tier].put_many([(k, v) for k, (v, _) in items.items()],
+                                          reserve=sum(n for _, n in items.values()))
 
     def flush_deletes(self) -> None:
         for tier, keys in self.deletes.items():
@@ -377,18 +395,6 @@ class Engine:
                           partial=self.config.store_partial_chunks)
         return spec, fp, toks, keys
 
-    def _encode_chunk(self, key: bytes, arr: np.ndarray, start: int, end: int,
-                      spec: ModelSpec, fp: bytes) -> list[bytearray]:
-        shape = spec.block_shape(end - start)
-        return [
-            encode_array_record(
-                RecordHeader(key=key, layer=layer, fingerprint=fp, shape=shape,
-                             dtype=spec.dtype, data_len=0, payload_len=0),
-                arr[layer, :, start:end],
-            )
-            for layer in range(spec.n_layers)
-        ]
-
     def put(self, tokens: Any, kv: Any, *, model: ModelSpec | dict[str, Any]) -> PutResult:
         """Store the KV of ``tokens``; chunks already stored are not written again.
 
@@ -410,10 +416,8 @@ class Engine:
                 self._counters["puts"] += 1
                 self._counters["chunks_deduped"] += len(keys)
             return PutResult(len(toks), len(keys), 0, len(keys), 0, 0)
-        # Encode outside the write lock; recheck presence under it.
-        records = {i: self._encode_chunk(keys[i], arr, *bounds[i], spec, fp)
-                   for i, p in enumerate(present) if not p}
         spec_json = ModelSpec.to_dict(spec)
+        scratch = _Scratch()
 
         def fn(txn: Any, pending: _Pending) -> PutResult:
             import json
@@ -429,14 +433,23 @@ class Engine:
                 if ix.has_chunk(txn, key):
                     deduped += 1
                     continue
-                recs = records.get(i) or self._encode_chunk(key, arr, *bounds[i], spec, fp)
-                size = sum(len(r) for r in recs)
+                start, end = bounds[i]
+                header = RecordHeader(key=key, layer=0, fingerprint=fp,
+                                      shape=spec.block_shape(end - start), dtype=spec.dtype,
+                                      data_len=0, payload_len=0)
+                rec_size = array_record_size(header, arr[0, :, start:end].nbytes)
+                size = rec_size * spec.n_layers
                 tier = self._place(txn, usage, size, protect, pending, stats)
-                for layer, rec in enumerate(recs):
-                    pending.write(tier, block_key(key, layer), rec)
+                for layer in range(spec.n_layers):
+                    # Encoded at write time into one reused buffer: LMDB copies each record,
+                    # so no block needs a buffer of its own.
+                    pending.write(tier, block_key(key, layer), partial(
+                        encode_array_record, replace(header, layer=layer),
+                        arr[layer, :, start:end], scratch), rec_size)
+                recs = [rec_size] * spec.n_layers
                 parent = keys[i - 1] if i else b""
                 meta = ChunkMeta(parent=parent, pos=i, n_tokens=bounds[i][1] - bounds[i][0],
-                                 fingerprint=fp, blocks=tuple((tier, len(r)) for r in recs),
+                                 fingerprint=fp, blocks=tuple((tier, r) for r in recs),
                                  at=now)
                 ix.put_chunk(txn, key, meta, None)
                 usage.add(tier, len(recs), size)
@@ -566,20 +579,34 @@ class Engine:
         return sum(m.n_tokens for m in metas)
 
     def get(self, tokens: Any, *, model: ModelSpec | dict[str, Any], as_torch: bool = False,
-            strict: bool = False) -> GetResult:
+            strict: bool = False, out: np.ndarray | None = None) -> GetResult:
         """Read back the KV of the longest stored prefix of ``tokens``, verified.
 
         Every block's header and checksum are checked. Reading stops at the first chunk with a
         block that is uncorrectable or missing: ``n_tokens`` counts only the verified prefix,
         and ``blocks`` reports what happened to each block read. With ``strict=True`` the first
         integrity error is raised instead.
+
+        ``out`` (numpy, ``[layers, 2, >= tokens, kv_heads, head_dim]`` in the model's dtype)
+        is filled in place instead of allocating, e.g. a serving engine's preallocated buffer;
+        positions past ``n_tokens`` are unspecified.
         """
-        spec, fp, _, keys = self._prepare(tokens, model)
+        spec, fp, toks, keys = self._prepare(tokens, model)
         with self._index.env.read() as txn:
             metas = self._stored(txn, keys)
         stored = sum(m.n_tokens for m in metas)
         dtype = numpy_dtype(spec.dtype)
-        out = np.empty((spec.n_layers, 2, stored, spec.n_kv_heads, spec.head_dim), dtype)
+        if out is None:
+            out = np.empty((spec.n_layers, 2, stored, spec.n_kv_heads, spec.head_dim), dtype)
+        else:
+            want = (spec.n_layers, 2, len(toks), spec.n_kv_heads, spec.head_dim)
+            if (not isinstance(out, np.ndarray) or out.dtype != dtype or out.ndim != 5
+                    or out.shape[:2] != want[:2] or out.shape[3:] != want[3:]
+                    or out.shape[2] < stored or not out.flags.writeable):
+                raise ShapeError(
+                    f"out must be a writeable {dtype} numpy array shaped {want} (or longer "
+                    "along tokens)"
+                )
         statuses: list[BlockStatus] = []
         done = 0
         with ExitStack() as stack:
@@ -614,7 +641,7 @@ class Engine:
             c["blocks_read"] += len(statuses)
             for st in statuses:
                 c[f"blocks_{st.status}"] += 1
-        kv = out if done == stored else out[:, :, :done]
+        kv = out if out.shape[2] == done else out[:, :, :done]
         return GetResult(done, to_output(kv, spec.dtype, as_torch), statuses, stored)
 
     def _read_block(self, reader: Callable[[str], TierReader], key: bytes, ci: int, layer: int,

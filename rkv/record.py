@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,7 @@ def checksum_of_parts(arr: np.ndarray) -> bytes:
     return h.digest()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RecordHeader:
     """Everything a record says about itself."""
 
@@ -101,7 +102,7 @@ class RecordHeader:
             raise InputError("record key, fingerprint and checksum have fixed sizes")
         if not 0 <= self.layer <= 0xFFFF or self.dtype not in _DTYPE_IDS:
             raise InputError(f"bad layer {self.layer} or dtype {self.dtype!r}")
-        if len(self.shape) != 4 or not all(0 <= d <= 0xFFFFFFFF for d in self.shape):
+        if len(self.shape) != 4 or min(self.shape) < 0 or max(self.shape) > 0xFFFFFFFF:
             raise InputError(f"bad block shape {self.shape}")
 
     def to_bytes(self) -> bytes:
@@ -181,36 +182,38 @@ def encode_record(header: RecordHeader, payload: Any) -> bytearray:
     return out
 
 
-def encode_array_record(header: RecordHeader, data: np.ndarray) -> bytearray:
+def array_record_size(header: RecordHeader, nbytes: int) -> int:
+    """Size of the record :func:`encode_array_record` makes for ``nbytes`` of data."""
+    return len(_header_bytes(replace(header, data_len=nbytes, payload_len=nbytes))) + nbytes
+
+
+def encode_array_record(header: RecordHeader, data: np.ndarray,
+                        alloc: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
     """Serialize a record whose payload is the raw bytes of ``data`` (no codecs).
 
-    Copies ``data`` (which may be strided) once, straight into the record, checksums it there
-    and fills in ``checksum``, ``data_len`` and ``payload_len``.
+    Returns the record as a uint8 array (any bytes-like consumer takes it), placed in
+    ``alloc(size)`` when given (a reused buffer) or in a new array. ``data`` (which may be
+    strided) is copied once, straight into the record, checksummed there, and ``checksum``,
+    ``data_len`` and ``payload_len`` are filled in.
     """
     nbytes = data.nbytes
-    placeholder = RecordHeader(
-        key=header.key, layer=header.layer, fingerprint=header.fingerprint,
-        shape=header.shape, dtype=header.dtype, data_len=nbytes, payload_len=nbytes,
-        codecs=header.codecs,
-    )
-    head_len = len(_header_bytes(placeholder))  # the checksum has a fixed width
-    out = bytearray(head_len + nbytes)
-    dest = np.frombuffer(out, dtype=np.uint8, offset=head_len)
+    final = replace(header, data_len=nbytes, payload_len=nbytes, checksum=bytes(16))
+    head_len = len(_header_bytes(final))  # the checksum has a fixed width
+    out = (alloc or _new_buffer)(head_len + nbytes)
+    dest = out[head_len:]
     dest.reshape((*data.shape, data.itemsize))[...] = data.view(np.uint8).reshape(
         (*data.shape, data.itemsize)
     )
-    final = RecordHeader(
-        key=header.key, layer=header.layer, fingerprint=header.fingerprint,
-        shape=header.shape, dtype=header.dtype, data_len=nbytes, payload_len=nbytes,
-        checksum=data_checksum(dest), codecs=header.codecs,
-    )
-    head = _header_bytes(final)
-    assert len(head) == head_len
-    out[:head_len] = head
+    head = _header_bytes(replace(final, checksum=data_checksum(dest)))
+    out[:head_len] = np.frombuffer(head, dtype=np.uint8)
     return out
 
 
-@dataclass(frozen=True)
+def _new_buffer(n: int) -> np.ndarray:
+    return np.empty(n, dtype=np.uint8)
+
+
+@dataclass(frozen=True, slots=True)
 class DecodedRecord:
     header: RecordHeader
     payload: memoryview           # view into the buffer passed to decode_record

@@ -181,8 +181,11 @@ def test_clear(store_path: Path) -> None:
 
 
 def _chunk_bytes(e: Engine, n: int = 16) -> int:
-    return sum(len(r) for r in e._encode_chunk(bytes(32), random_kv(SMALL, n), 0, n, SMALL,
-                                               SMALL.fingerprint()))
+    from rkv.record import RecordHeader, array_record_size
+
+    h = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
+                     shape=SMALL.block_shape(n), dtype=SMALL.dtype, data_len=0, payload_len=0)
+    return array_record_size(h, 2 * n * SMALL.n_kv_heads * SMALL.head_dim * 2) * SMALL.n_layers
 
 
 def test_lru_demotion_and_eviction(store_path: Path) -> None:

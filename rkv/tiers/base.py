@@ -7,7 +7,7 @@ fault-injecting tier, a logging tier) implement this same interface around anoth
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -44,11 +44,16 @@ class Tier(ABC):
             return None if v is None else bytes(v)
 
     @abstractmethod
-    def put_many(self, items: Iterable[tuple[bytes, Any]]) -> None:
-        """Write records atomically (all or none); values are bytes-like."""
+    def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
+        """Write records atomically (all or none); ``reserve`` hints the total size.
+
+        A value is bytes-like, or a zero-argument callable that returns one at write time
+        (so records can be encoded into one reused buffer: each is copied before the next
+        callable runs). Callables may be called again if the write is retried.
+        """
 
     def put(self, key: bytes, value: Any) -> None:
-        self.put_many([(key, value)])
+        self.put_many([(key, value)], reserve=memoryview(value).nbytes)
 
     @abstractmethod
     def delete_many(self, keys: Iterable[bytes]) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -64,15 +64,17 @@ class LmdbTier(Tier):
         with self.env.read() as txn:
             yield _Reader(txn, self._blocks)
 
-    def put_many(self, items: Iterable[tuple[bytes, Any]]) -> None:
-        items = list(items)
+    def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
         db = self._blocks
 
         def fn(txn: Any) -> None:
             for k, v in items:
-                txn.put(k, v, db=db)
+                txn.put(k, v() if callable(v) else v, db=db)
 
-        self.env.write(fn, reserve=sum(len(k) + memoryview(v).nbytes for k, v in items))
+        if not reserve:
+            reserve = sum(memoryview(v).nbytes for _, v in items if not callable(v))
+        # Growing the map first spares a large batch one failed try per map doubling.
+        self.env.write(fn, reserve=reserve + 64 * len(items))
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         keys = list(keys)
