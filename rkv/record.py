@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field, replace
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -78,7 +78,7 @@ def checksum_of_parts(arr: np.ndarray) -> bytes:
         return data_checksum(arr)
     h = xxhash.xxh3_128()
     for part in arr:
-        h.update(np.ascontiguousarray(part))  # a view, not a copy, when part is contiguous
+        h.update(memoryview(np.ascontiguousarray(part)))  # no copy when part is contiguous
     return h.digest()
 
 

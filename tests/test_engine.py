@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rkvtest import SMALL, local_config, random_kv
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rkvtest import SMALL, local_config, random_kv
 
 from rkv import (
     ConfigError,

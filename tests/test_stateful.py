@@ -7,7 +7,6 @@ import tempfile
 from typing import Any
 
 import numpy as np
-from rkvtest import SMALL, local_config
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -17,6 +16,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from rkvtest import SMALL, local_config
 
 from rkv import Engine
 from rkv.demo import synthetic_kv
