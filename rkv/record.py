@@ -78,7 +78,7 @@ def checksum_of_parts(arr: np.ndarray) -> bytes:
         return data_checksum(arr)
     h = xxhash.xxh3_128()
     for part in arr:
-        h.update(memoryview(np.ascontiguousarray(part)))  # no copy when part is contiguous
+        h.update(np.ascontiguousarray(part).data)  # no copy when part is contiguous
     return h.digest()
 
 
