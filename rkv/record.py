@@ -75,10 +75,12 @@ def checksum_of_parts(arr: np.ndarray) -> bytes:
     """:func:`data_checksum` of ``arr``'s bytes in C order, for a view whose outer axis may be
     strided (each ``arr[i]`` contiguous), without gathering it into one buffer."""
     if arr.flags.c_contiguous:
-        return data_checksum(arr)
+        return data_checksum(arr.view(np.uint8).data)
     h = xxhash.xxh3_128()
     for part in arr:
-        h.update(np.ascontiguousarray(part).data)  # no copy when part is contiguous
+        # ascontiguousarray is a view, not a copy, when the part is contiguous; the uint8 view
+        # exports a buffer for dtypes that cannot (ml_dtypes' bfloat16).
+        h.update(np.ascontiguousarray(part).view(np.uint8).data)
     return h.digest()
 
 
