@@ -42,7 +42,9 @@ class TierConfig:
     ``path`` may be absolute, relative to the store root, or empty: then a ``memory`` tier lives
     in a memory-backed directory (``/dev/shm`` when the machine has one) and a ``disk`` tier
     under ``<store>/tiers/<name>``. Bandwidths (GB/s) and latency (microseconds) are nominal
-    figures for the cost model; ``fault_model`` names the tier's fault-model preset.
+    figures for the cost model; ``fault_model`` names the tier's fault-model preset; ``ecc``
+    is the codec spec new blocks in this tier are protected with (``"none"``, ``"rs(255,239)"``,
+    ``"bch(m=13,t=8)"``, ``"shardrs(k=16,m=2)"``; see docs/ecc.md).
     """
 
     name: str
@@ -53,6 +55,7 @@ class TierConfig:
     write_gbps: float = 3.0
     latency_us: float = 80.0
     fault_model: str = "raw-ber"
+    ecc: str = "none"
     sync: bool = False
     initial_map_bytes: int = 64 * MiB
 
@@ -73,6 +76,15 @@ class TierConfig:
             raise ConfigError(f"tier {self.name}: fault_model must be a preset name")
         if not isinstance(self.sync, bool):
             raise ConfigError(f"tier {self.name}: sync must be a bool")
+        if not isinstance(self.ecc, str) or not self.ecc.strip():
+            raise ConfigError(f"tier {self.name}: ecc must be a codec spec such as 'rs(255,239)'")
+        if self.ecc.strip().lower() != "none":
+            from rkv.ecc import get_codec  # imported only when a tier uses ECC (numba)
+
+            try:
+                get_codec(self.ecc)
+            except ConfigError as exc:
+                raise ConfigError(f"tier {self.name}: bad ecc {self.ecc!r}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,11 +101,12 @@ def default_tiers() -> tuple[TierConfig, ...]:
     """DRAM, CXL and NVMe with nominal figures from docs/tiers.md."""
     return (
         TierConfig("dram", medium="memory", capacity_bytes=2 * GiB, read_gbps=20.0,
-                   write_gbps=15.0, latency_us=0.1, fault_model="dram-ddr5"),
+                   write_gbps=15.0, latency_us=0.1, fault_model="dram-ddr5", ecc="none"),
         TierConfig("cxl", medium="memory", capacity_bytes=8 * GiB, read_gbps=12.0,
-                   write_gbps=10.0, latency_us=0.25, fault_model="cxl"),
+                   write_gbps=10.0, latency_us=0.25, fault_model="cxl", ecc="rs(255,247)"),
         TierConfig("nvme", medium="disk", capacity_bytes=64 * GiB, read_gbps=6.5,
-                   write_gbps=3.0, latency_us=80.0, fault_model="nvme-tlc", sync=False),
+                   write_gbps=3.0, latency_us=80.0, fault_model="nvme-tlc",
+                   ecc="shardrs(k=16,m=2)", sync=False),
     )
 
 
@@ -106,6 +119,7 @@ class EngineConfig:
     unpinned chunks, or ``error`` (raise :class:`~rkv.errors.TierFullError`). Upper tiers always
     demote their least recently used chunks to the next tier.
     ``index_sync`` fsyncs the index on every commit (durable against power loss).
+    ``repair`` rewrites a block whose read needed correction (header copy or ECC) in place.
     """
 
     chunk_tokens: int = 256
@@ -113,6 +127,7 @@ class EngineConfig:
     on_full: OnFull = "evict"
     store_partial_chunks: bool = True
     index_sync: bool = False
+    repair: bool = True
 
     def __post_init__(self) -> None:
         _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
@@ -129,7 +144,7 @@ class EngineConfig:
         object.__setattr__(self, "tiers", tiers)
         if self.on_full not in ("evict", "error"):
             raise ConfigError(f"on_full must be 'evict' or 'error', got {self.on_full!r}")
-        for name in ("store_partial_chunks", "index_sync"):
+        for name in ("store_partial_chunks", "index_sync", "repair"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool")
 

@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from rkv.blockcodec import codec_for, encode_block, read_block, record_size, reencode
 from rkv.config import EngineConfig, TierConfig
 from rkv.errors import (
-    ChecksumError,
     ConfigError,
-    CorruptRecordError,
     IntegrityError,
     MissingRecordError,
     RecordMismatchError,
@@ -36,11 +35,7 @@ from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
 from rkv.record import (
     RecordHeader,
-    array_record_size,
-    checksum_of_parts,
-    data_checksum,
     decode_record,
-    encode_array_record,
 )
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
 from rkv.tiers import LmdbTier, Tier, TierReader
@@ -79,8 +74,9 @@ class BlockStatus:
     layer: int
     tier: str
     status: str                   # ok | corrected | uncorrectable | missing
-    corrected: int = 0            # repaired header copies (later: corrected ECC symbols)
+    corrected: int = 0            # symbols (Reed-Solomon) or bits (BCH) the ECC corrected
     error: IntegrityError | None = None
+    header_repairs: int = 0       # header/prelude copies that were outvoted or skipped
 
 
 @dataclass(frozen=True)
@@ -133,6 +129,7 @@ class VerifyReport:
     missing: int
     orphans: int
     problems: list[tuple[str, int, str, str]]   # (chunk key hex, layer, tier, message)
+    repaired: int = 0
 
     @property
     def clean(self) -> bool:
@@ -169,15 +166,23 @@ class _Pending:
         self.writes[tier][key] = (value, size)
         self.deletes[tier].discard(key)
 
-    def move(self, key: bytes, src: str, dst: str) -> None:
+    def move(self, key: bytes, src: str, dst: str,
+             transform: Callable[[Any], Any] | None = None) -> int:
+        """Plan moving a record between tiers, through ``transform`` (re-encoding) when
+        given. Returns the record's size in ``dst``."""
         planned = self.writes[src].pop(key, None)
         if planned is None:
             value = self._read(src, key)
             if value is None:
                 raise MissingRecordError(f"record {key.hex()} is missing from tier {src}")
             planned = (value, len(value))
+        if transform is not None:
+            value = planned[0]() if callable(planned[0]) else planned[0]
+            value = transform(bytes(value))
+            planned = (value, memoryview(value).nbytes)
         self.write(dst, key, *planned)
         self.deletes[src].add(key)
+        return planned[1]
 
     def drop(self, tier: str, key: bytes) -> None:
         self.writes[tier].pop(key, None)
@@ -205,6 +210,7 @@ class Engine:
         self._index = index
         self._tiers = tiers
         self._order = [t.name for t in config.tiers]
+        self._codecs = {t.name: codec_for(t.ecc) for t in config.tiers}
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.RLock()
@@ -437,15 +443,22 @@ class Engine:
                 header = RecordHeader(key=key, layer=0, fingerprint=fp,
                                       shape=spec.block_shape(end - start), dtype=spec.dtype,
                                       data_len=0, payload_len=0)
-                rec_size = array_record_size(header, arr[0, :, start:end].nbytes)
+                data_bytes = arr[0, :, start:end].nbytes
+
+                def chunk_size(tier: str, header: RecordHeader = header,
+                               data_bytes: int = data_bytes) -> int:
+                    return record_size(header, data_bytes, self._codecs[tier]) * spec.n_layers
+
+                tier = self._place(txn, usage, chunk_size, protect, pending, stats)
+                codec = self._codecs[tier]
+                rec_size = chunk_size(tier) // spec.n_layers
                 size = rec_size * spec.n_layers
-                tier = self._place(txn, usage, size, protect, pending, stats)
                 for layer in range(spec.n_layers):
-                    # Encoded at write time into one reused buffer: LMDB copies each record,
-                    # so no block needs a buffer of its own.
+                    # Encoded at write time (raw blocks into one reused buffer: LMDB copies
+                    # each record, so no block needs a buffer of its own).
                     pending.write(tier, block_key(key, layer), partial(
-                        encode_array_record, replace(header, layer=layer),
-                        arr[layer, :, start:end], scratch), rec_size)
+                        encode_block, replace(header, layer=layer),
+                        arr[layer, :, start:end], codec, scratch), rec_size)
                 recs = [rec_size] * spec.n_layers
                 parent = keys[i - 1] if i else b""
                 meta = ChunkMeta(parent=parent, pos=i, n_tokens=bounds[i][1] - bounds[i][0],
@@ -481,15 +494,16 @@ class Engine:
             c["demoted_chunks"] += result.demoted_chunks
         return result
 
-    def _place(self, txn: Any, usage: Usage, size: int, protect: set[bytes],
+    def _place(self, txn: Any, usage: Usage, size: Callable[[str], int], protect: set[bytes],
                pending: _Pending, stats: Counter[str]) -> str:
-        """Pick the first tier that has (or can be made to have) room for ``size`` bytes."""
-        for level in range(len(self._order)):
-            if self._make_room(txn, level, size, usage, protect, pending, stats):
-                return self._order[level]
+        """Pick the first tier that has (or can be made to have) room for a chunk of
+        ``size(tier)`` bytes (the size depends on the tier's codec)."""
+        for level, name in enumerate(self._order):
+            if self._make_room(txn, level, size(name), usage, protect, pending, stats):
+                return name
         raise TierFullError(
-            f"no tier can take a chunk of {size} bytes (all full of pinned or in-use data, "
-            f"or on_full='{self.config.on_full}')"
+            f"no tier can take a chunk of {size(self._order[-1])} bytes (all full of pinned "
+            f"or in-use data, or on_full='{self.config.on_full}')"
         )
 
     def _make_room(self, txn: Any, level: int, need: int, usage: Usage, protect: set[bytes],
@@ -535,15 +549,34 @@ class Engine:
                 blocks = []
                 for layer, (tier, size) in enumerate(meta.blocks):
                     if tier == name:
-                        pending.move(block_key(key, layer), name, dst)
+                        new_size = pending.move(block_key(key, layer), name, dst,
+                                                self._transcoder(dst, stats))
                         usage.add(name, -1, -size)
-                        usage.add(dst, 1, size)
-                        tier = dst
+                        usage.add(dst, 1, new_size)
+                        tier, size = dst, new_size
                     blocks.append((tier, size))
                 current = ix.get_chunk(txn, key) or meta
                 ix.put_chunk(txn, key, current.with_(blocks=tuple(blocks)), current)
                 stats["demoted"] += 1
         return True
+
+    def _transcoder(self, tier: str, stats: Counter[str]) -> Callable[[Any], Any]:
+        """Re-encode a moving record with ``tier``'s codec. A record that fails verification
+        moves unchanged, so its reads still report it (never silently "repaired")."""
+        codec = self._codecs[tier]
+
+        def transform(record: Any) -> Any:
+            try:
+                dec = decode_record(record)
+                out = reencode(record, dec, codec)
+            except IntegrityError:
+                stats["moved_corrupt"] += 1
+                return record
+            if out is not record:
+                stats["reencoded"] += 1
+            return out
+
+        return transform
 
     def _free_chunk(self, txn: Any, key: bytes, meta: ChunkMeta, pending: _Pending,
                     usage: Usage | None) -> None:
@@ -617,7 +650,9 @@ class Engine:
                     readers[tier] = stack.enter_context(self._tiers[tier].reader())
                 return readers[tier]
 
+            starts: list[int] = []
             for ci, meta in enumerate(metas):
+                starts.append(done)
                 good = True
                 n = meta.n_tokens
                 for layer in range(spec.n_layers):
@@ -632,8 +667,16 @@ class Engine:
                 if not good:
                     break
                 done += n
-        read_keys = keys[: len([m for m in metas])]
-        self._touch(read_keys)
+        if self.config.repair:
+            fixes = []
+            for st in statuses:
+                if st.status == CORRECTED:
+                    t0 = starts[st.chunk]
+                    data = out[st.layer, :, t0:t0 + metas[st.chunk].n_tokens]
+                    fixes.append((keys[st.chunk], st.layer, st.tier, spec, data))
+            if fixes:
+                self._repair(fixes)
+        self._touch(keys[: len(metas)])
         with self._lock:
             c = self._counters
             c["gets"] += 1
@@ -667,19 +710,23 @@ class Engine:
                 if copy is None:
                     raise MissingRecordError(f"block {bkey.hex()} is missing from tier {tier}")
                 rec = memoryview(copy)
-            repairs = self._verify_into(rec, key, layer, fp, spec, meta.n_tokens, dest)
+            repairs, corrected = self._verify_into(rec, key, layer, fp, spec, meta.n_tokens,
+                                                   dest)
         except MissingRecordError as exc:
             return BlockStatus(ci, layer, tier, MISSING, 0, exc)
         except IntegrityError as exc:
             return BlockStatus(ci, layer, tier, UNCORRECTABLE, 0, exc)
-        if repairs:
-            return BlockStatus(ci, layer, tier, CORRECTED, repairs)
+        if repairs or corrected:
+            return BlockStatus(ci, layer, tier, CORRECTED, corrected, None, repairs)
         return BlockStatus(ci, layer, tier, OK)
 
     @staticmethod
     def _verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
-                     n_tokens: int, dest: np.ndarray | None) -> int:
-        """Check one record and copy its data into ``dest``; returns header repairs."""
+                     n_tokens: int, dest: np.ndarray | None) -> tuple[int, int]:
+        """Check one record and copy its data into ``dest``.
+
+        Returns (header copies repaired, symbols or bits the ECC corrected).
+        """
         dec = decode_record(rec, expect_key=key, expect_layer=layer, expect_fingerprint=fp)
         h = dec.header
         if h.shape != spec.block_shape(n_tokens) or h.dtype != spec.dtype:
@@ -687,20 +734,8 @@ class Engine:
                 f"record holds {h.dtype}{list(h.shape)}, expected "
                 f"{spec.dtype}{list(spec.block_shape(n_tokens))}"
             )
-        if h.codecs:
-            raise RecordMismatchError(f"record uses codecs {h.codecs} this engine cannot decode")
-        if h.data_len != h.payload_len:
-            raise CorruptRecordError("record lengths are inconsistent")
-        if dest is None:
-            ok = data_checksum(dec.payload) == h.checksum
-        else:
-            # Copy first, then hash the copy while it is still in cache: one pass over the
-            # stored bytes instead of two. On a mismatch the caller discards ``dest``.
-            dest[...] = np.frombuffer(dec.payload, dtype=dest.dtype).reshape(dest.shape)
-            ok = checksum_of_parts(dest) == h.checksum
-        if not ok:
-            raise ChecksumError("block data does not match its end-to-end checksum")
-        return dec.header_repairs
+        corrected = read_block(dec, dest)
+        return dec.header_repairs, corrected
 
     # -- control ------------------------------------------------------------------------------
     def _stored_keys(self, tokens: Any, model: ModelSpec | dict[str, Any]) -> list[bytes]:
@@ -828,8 +863,12 @@ class Engine:
             "session": session,
         }
 
-    def verify(self, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-        """Read and check every record the index refers to; count unreferenced records."""
+    def verify(self, *, progress: Callable[[int, int], None] | None = None,
+               repair: bool = False) -> VerifyReport:
+        """Read and check every record the index refers to; count unreferenced records.
+
+        With ``repair`` every corrected block is rewritten from its corrected data.
+        """
         self._check()
         ix = self._index
         with ix.env.read() as txn:
@@ -838,6 +877,7 @@ class Engine:
         counts: Counter[str] = Counter()
         problems: list[tuple[str, int, str, str]] = []
         referenced: dict[str, set[bytes]] = defaultdict(set)
+        to_repair: list[tuple[bytes, int, str, ModelSpec, np.ndarray]] = []
         for i, (key, meta) in enumerate(entries):
             spec = models.get(meta.fingerprint)
             for layer, (tier, _) in enumerate(meta.blocks):
@@ -847,8 +887,12 @@ class Engine:
                     counts[UNCORRECTABLE] += 1
                     problems.append((key.hex(), layer, tier, "unknown model fingerprint"))
                     continue
-                st = self._check_block(key, layer, tier, meta, spec)
+                scratch = (np.empty(spec.block_shape(meta.n_tokens), numpy_dtype(spec.dtype))
+                           if repair else None)
+                st = self._check_block(key, layer, tier, meta, spec, scratch)
                 counts[st.status] += 1
+                if st.status == CORRECTED and scratch is not None:
+                    to_repair.append((key, layer, tier, spec, scratch))
                 if st.error is not None:
                     problems.append((key.hex(), layer, tier,
                                      f"{type(st.error).__name__}: {st.error}"))
@@ -857,14 +901,47 @@ class Engine:
         orphans = 0
         for name, store in self._tiers.items():
             orphans += sum(1 for k in store.iter_keys() if k not in referenced[name])
+        repaired = self._repair(to_repair) if to_repair else 0
         return VerifyReport(
             chunks=len(entries), blocks=sum(counts.values()), ok=counts[OK],
             corrected=counts[CORRECTED], uncorrectable=counts[UNCORRECTABLE],
-            missing=counts[MISSING], orphans=orphans, problems=problems,
+            missing=counts[MISSING], orphans=orphans, problems=problems, repaired=repaired,
         )
 
+    def _repair(self, items: list[tuple[bytes, int, str, ModelSpec, np.ndarray]]) -> int:
+        """Rewrite blocks from their corrected data with their tier's codec."""
+        ix = self._index
+
+        def fn(txn: Any, pending: _Pending) -> int:
+            usage = ix.usage(txn)
+            done = 0
+            for key, layer, tier, spec, data in items:
+                meta = ix.get_chunk(txn, key)
+                if meta is None or meta.blocks[layer][0] != tier:
+                    continue  # moved or freed meanwhile: nothing to repair here
+                header = RecordHeader(key=key, layer=layer, fingerprint=meta.fingerprint,
+                                      shape=spec.block_shape(meta.n_tokens), dtype=spec.dtype,
+                                      data_len=0, payload_len=0)
+                rec = encode_block(header, data, self._codecs[tier])
+                size = memoryview(rec).nbytes
+                old = meta.blocks[layer][1]
+                if size != old:
+                    blocks = list(meta.blocks)
+                    blocks[layer] = (tier, size)
+                    ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
+                    usage.add(tier, 0, size - old)
+                pending.write(tier, block_key(key, layer), rec, size)
+                done += 1
+            ix.set_usage(txn, usage)
+            return done
+
+        repaired = int(self._mutate(fn))
+        with self._lock:
+            self._counters["blocks_repaired"] += repaired
+        return repaired
+
     def _check_block(self, key: bytes, layer: int, tier: str, meta: ChunkMeta,
-                     spec: ModelSpec) -> BlockStatus:
+                     spec: ModelSpec, dest: np.ndarray | None = None) -> BlockStatus:
         if tier not in self._tiers:
             return BlockStatus(meta.pos, layer, tier, MISSING, 0,
                                MissingRecordError(f"tier {tier} is not configured"))
@@ -874,11 +951,12 @@ class Engine:
                 return BlockStatus(meta.pos, layer, tier, MISSING, 0,
                                    MissingRecordError("record is missing"))
             try:
-                repairs = self._verify_into(rec, key, layer, meta.fingerprint, spec,
-                                            meta.n_tokens, None)
+                repairs, corrected = self._verify_into(rec, key, layer, meta.fingerprint, spec,
+                                                       meta.n_tokens, dest)
             except IntegrityError as exc:
                 return BlockStatus(meta.pos, layer, tier, UNCORRECTABLE, 0, exc)
-        return BlockStatus(meta.pos, layer, tier, CORRECTED if repairs else OK, repairs)
+        status = CORRECTED if repairs or corrected else OK
+        return BlockStatus(meta.pos, layer, tier, status, corrected, None, repairs)
 
     def iter_block_keys(self) -> Iterator[tuple[str, bytes]]:
         """(tier, block key) of every block the index refers to."""

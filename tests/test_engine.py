@@ -62,6 +62,7 @@ def test_dedup_and_shared_prefixes(store_path: Path) -> None:
         kv_a = random_kv(SMALL, 40)
         r1 = e.put(a, kv_a, model=SMALL)
         assert (r1.chunks, r1.chunks_written) == (3, 3)
+        assert r1.bytes_written == e.stats()["tiers"]["dram"]["bytes"] > kv_a.nbytes
         r2 = e.put(a, kv_a, model=SMALL)
         assert r2.chunks_written == 0 and r2.bytes_written == 0 and r2.chunks_deduped == 3
         kv_b = np.concatenate([kv_a[:, :, :32], random_kv(SMALL, 20, seed=2)], axis=2)
