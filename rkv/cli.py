@@ -32,10 +32,11 @@ def cmd_info(args: argparse.Namespace) -> int:
           f"{st['pinned_chunks']} pinned)")
     print("tiers:")
     print(f"  {'name':<6} {'medium':<7} {'blocks':>8} {'used':>11} {'capacity':>11} "
-          f"{'fault model':<12} path")
+          f"{'ecc':<18} {'fault model':<12} path")
     for name, t in st["tiers"].items():
         print(f"  {name:<6} {t['medium']:<7} {t['blocks']:>8} {_human(t['bytes']):>11} "
-              f"{_human(t['capacity_bytes']):>11} {t['fault_model']:<12} {t['path']}")
+              f"{_human(t['capacity_bytes']):>11} {t['ecc']:<18} {t['fault_model']:<12} "
+              f"{t['path']}")
     print("models:")
     for m in st["models"]:
         print(f"  {m['fingerprint']}  {m['model_id']} {m['dtype']} layers={m['n_layers']} "
@@ -50,13 +51,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"\rverifying chunk {done}/{total}", end="", file=sys.stderr, flush=True)
 
     with Engine.open(args.path, create=False) as engine:
-        rep = engine.verify(progress=progress)
+        rep = engine.verify(progress=progress, repair=args.repair)
     if not args.quiet and sys.stderr.isatty():
         print(file=sys.stderr)
     summary: dict[str, Any] = {
         "chunks": rep.chunks, "blocks": rep.blocks, "ok": rep.ok, "corrected": rep.corrected,
         "uncorrectable": rep.uncorrectable, "missing": rep.missing, "orphans": rep.orphans,
-        "clean": rep.clean,
+        "repaired": rep.repaired, "clean": rep.clean,
         "problems": [{"chunk": c, "layer": lay, "tier": t, "error": e}
                      for c, lay, t, e in rep.problems],
     }
@@ -65,7 +66,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(f"{rep.chunks} chunks, {rep.blocks} blocks: {rep.ok} ok, {rep.corrected} "
               f"corrected, {rep.uncorrectable} uncorrectable, {rep.missing} missing; "
-              f"{rep.orphans} unreferenced records")
+              f"{rep.orphans} unreferenced records"
+              + (f"; {rep.repaired} repaired" if args.repair else ""))
         for c, lay, t, e in rep.problems[:50]:
             print(f"  chunk {c[:16]}… layer {lay} ({t}): {e}")
         if len(rep.problems) > 50:
@@ -91,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("path")
     ver.add_argument("--json", action="store_true", help="print the summary as JSON")
     ver.add_argument("--quiet", action="store_true", help="no progress output")
+    ver.add_argument("--repair", action="store_true",
+                     help="rewrite blocks that needed correction from their corrected data")
     ver.set_defaults(fn=cmd_verify)
     demo = sub.add_parser("demo", help="store and reload KV for prompts with shared prefixes")
     demo.add_argument("--path", default=None, help="store directory (default: a temporary one)")

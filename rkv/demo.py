@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rkv.config import EngineConfig
 from rkv.engine import Engine
 from rkv.model import ModelSpec
 
@@ -58,11 +59,16 @@ def run_demo(path: str | None = None, prompts: int = 6, keep: bool = False) -> i
     print(f"rkv demo: store at {path}")
     print(f"model shape {spec.model_id}: {spec.n_layers} layers, {spec.n_kv_heads} KV heads, "
           f"head dim {spec.head_dim}, {spec.dtype} ({per_token / 1024:.1f} KiB of KV per token)")
+    # The default tiers, with DRAM and CXL made small so that the demo's ~110 MiB spill over:
+    # older chunks are demoted to CXL (Reed-Solomon) and NVMe (sharded Reed-Solomon).
+    config = (EngineConfig().with_tier("dram", capacity_bytes=40 << 20)
+              .with_tier("cxl", capacity_bytes=40 << 20))
     try:
-        with Engine.open(path) as engine:
+        with Engine.open(path, config) as engine:
             cfg = engine.config
             print("tiers: " + ", ".join(
-                f"{t.name} ({t.medium}, {t.capacity_bytes >> 20} MiB)" for t in cfg.tiers))
+                f"{t.name} ({t.medium}, {t.capacity_bytes >> 20} MiB, ecc {t.ecc})"
+                for t in cfg.tiers))
             print(f"\n{'#':>2} {'tokens':>6} {'cached':>6} {'written':>8} {'deduped':>8} "
                   f"{'put MB/s':>9} {'read':>6} {'verified':>9} {'get MB/s':>9} {'exact':>5}")
             total_written = total_logical = 0
@@ -92,8 +98,9 @@ def run_demo(path: str | None = None, prompts: int = 6, keep: bool = False) -> i
         saved = 1 - total_written / total_logical if total_logical else 0.0
         print(f"\nlogical KV {total_logical / 2**20:.1f} MiB, written {total_written / 2**20:.1f} "
               f"MiB: prefix dedup saved {100 * saved:.0f}%")
-        print(f"store: {st['chunks']} chunks ({st['shared_chunks']} shared), tiers " + ", ".join(
-            f"{n}={t['blocks']} blocks" for n, t in st["tiers"].items()))
+        print(f"store: {st['chunks']} chunks ({st['shared_chunks']} shared), "
+              f"{st['session'].get('demoted_chunks', 0)} chunk demotions; blocks per tier: "
+              + ", ".join(f"{n}={t['blocks']}" for n, t in st["tiers"].items()))
         print(f"verify: {rep.blocks} blocks, {rep.ok} ok, {rep.corrected} corrected, "
               f"{rep.uncorrectable} uncorrectable, {rep.missing} missing")
         ok = all_ok and rep.clean

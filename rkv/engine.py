@@ -847,6 +847,7 @@ class Engine:
                 "bytes": usage.bytes(name),
                 "capacity_bytes": tc.capacity_bytes,
                 "fault_model": tc.fault_model,
+                "ecc": tc.ecc,
                 **self._tiers[name].stats(),
             }
         with self._lock:
