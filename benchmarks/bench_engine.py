@@ -136,7 +136,7 @@ def engine_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndar
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--seqs", type=int, default=8)
+    ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--reads", type=int, default=3, help="timed read passes per store")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--chunk", type=int, default=256)

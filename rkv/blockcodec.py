@@ -31,7 +31,6 @@ from rkv.record import (
     DecodedRecord,
     RecordHeader,
     array_record_size,
-    checksum_of_parts,
     data_checksum,
     encode_array_record,
     encode_record,
@@ -103,15 +102,11 @@ def read_block(dec: DecodedRecord, dest: np.ndarray | None) -> int:
     if codec is None:
         if h.data_len != h.payload_len:
             raise CorruptRecordError("record lengths are inconsistent")
-        if dest is None:
-            ok = data_checksum(dec.payload) == h.checksum
-        else:
-            # Copy first, then hash the copy while it is still in cache: one pass over the
-            # stored bytes. On a mismatch the caller discards ``dest``.
-            dest[...] = np.frombuffer(dec.payload, dtype=dest.dtype).reshape(dest.shape)
-            ok = checksum_of_parts(dest) == h.checksum
-        if not ok:
+        # Verify before copying: a caller's buffer never receives unverified data.
+        if data_checksum(dec.payload) != h.checksum:
             raise ChecksumError("block data does not match its end-to-end checksum")
+        if dest is not None:
+            dest[...] = np.frombuffer(dec.payload, dtype=dest.dtype).reshape(dest.shape)
         return 0
     # Some layouts (shardrs) pad, so data_size(len) is an upper bound: compare the data's
     # actual length with the header's.

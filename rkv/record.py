@@ -71,19 +71,6 @@ def data_checksum(data: Any) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
-def checksum_of_parts(arr: np.ndarray) -> bytes:
-    """:func:`data_checksum` of ``arr``'s bytes in C order, for a view whose outer axis may be
-    strided (each ``arr[i]`` contiguous), without gathering it into one buffer."""
-    if arr.flags.c_contiguous:
-        return data_checksum(arr.view(np.uint8).data)
-    h = xxhash.xxh3_128()
-    for part in arr:
-        # ascontiguousarray is a view, not a copy, when the part is contiguous; the uint8 view
-        # exports a buffer for dtypes that cannot (ml_dtypes' bfloat16).
-        h.update(np.ascontiguousarray(part).view(np.uint8).data)
-    return h.digest()
-
-
 @dataclass(frozen=True, slots=True)
 class RecordHeader:
     """Everything a record says about itself."""
@@ -141,9 +128,15 @@ class RecordHeader:
                     type(c) is dict for c in parsed):
                 raise CorruptRecordError("bad codec list in record header")
             codecs = tuple(parsed)
-        return cls(key=key, layer=layer, fingerprint=fp, shape=(s0, s1, s2, s3), dtype=dtype,
-                   data_len=data_len, payload_len=payload_len, checksum=checksum,
-                   codecs=codecs)
+        # Every field was range-checked by the struct layout and above: skip __post_init__
+        # (this runs once per block read).
+        obj = object.__new__(cls)
+        for name, value in (("key", key), ("layer", layer), ("fingerprint", fp),
+                            ("shape", (s0, s1, s2, s3)), ("dtype", dtype),
+                            ("data_len", data_len), ("payload_len", payload_len),
+                            ("checksum", checksum), ("codecs", codecs)):
+            object.__setattr__(obj, name, value)
+        return obj
 
 
 def _prelude(header_len: int) -> bytes:

@@ -23,8 +23,7 @@ class _Reader:
         self._db = db
 
     def get(self, key: bytes) -> memoryview | None:
-        v = self._txn.get(key, db=self._db)
-        return None if v is None else memoryview(v)
+        return self._txn.get(key, db=self._db)  # type: ignore[no-any-return]  # buffers=True
 
 
 class LmdbTier(Tier):

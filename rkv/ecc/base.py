@@ -1,0 +1,265 @@
+"""The codec interface shared by every error-detecting / error-correcting code in rkv.
+
+A :class:`Codec` turns a byte string into an *encoded* byte string and back. The encoded length
+is a pure function of the data length and the codec's configuration (:meth:`Codec.encoded_size`)
+and :meth:`Codec.decode` works from the encoded buffer alone: it derives the data length from
+``len(buf)`` (:meth:`Codec.data_size`).
+
+Decoding never returns possibly-wrong data: a result is ``"clean"`` (nothing was wrong),
+``"corrected"`` (errors were found and repaired; the repaired word re-checked as a valid
+codeword) or ``"uncorrectable"`` (``data`` is ``b""``). Like every bounded-distance decoder, a
+correcting code can *miscorrect* an error pattern beyond its capability into another valid
+codeword; the decoders here make that as unlikely as the code allows (re-checked syndromes,
+locator degree equals the number of roots, roots inside the shortened codeword), and the
+caller's end-to-end checksum over the data catches what remains.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from rkv.errors import ConfigError, InputError, UncorrectableError
+
+U8 = npt.NDArray[np.uint8]
+Status = Literal["clean", "corrected", "uncorrectable"]
+BytesLike = bytes | bytearray | memoryview | npt.NDArray[Any]
+
+CLEAN: Status = "clean"
+CORRECTED: Status = "corrected"
+UNCORRECTABLE: Status = "uncorrectable"
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """The outcome of :meth:`Codec.decode`.
+
+    ``data`` is the original data, exact, or ``b""`` when ``status == "uncorrectable"``.
+    ``n_corrected`` counts the symbols that were repaired (bytes for Reed-Solomon codes, bits for
+    BCH); it is 0 when clean. ``detail`` is a short human-readable note (empty when clean).
+    """
+
+    data: bytes
+    status: Status
+    n_corrected: int = 0
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when ``data`` holds the original data (clean or corrected)."""
+        return self.status != UNCORRECTABLE
+
+
+def clean(data: bytes) -> DecodeResult:
+    return DecodeResult(data, CLEAN, 0, "")
+
+
+def uncorrectable(detail: str) -> DecodeResult:
+    return DecodeResult(b"", UNCORRECTABLE, 0, detail)
+
+
+def as_u8(data: Any) -> U8:
+    """A read-only, 1-D, C-contiguous ``uint8`` view of ``data`` (copied only if it must be).
+
+    Accepts ``bytes``, ``bytearray``, ``memoryview`` and any ``numpy`` array (its raw bytes).
+    Every kernel receives arrays built by this function, so each kernel compiles once.
+    """
+    if isinstance(data, np.ndarray):
+        arr = data
+        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    elif isinstance(data, bytes | bytearray):
+        arr = np.frombuffer(data, dtype=np.uint8)
+    else:
+        try:
+            mv = memoryview(data)
+        except TypeError as exc:
+            raise InputError(f"expected a bytes-like object, got {type(data).__name__}") from exc
+        if not mv.c_contiguous:
+            arr = np.ascontiguousarray(np.asarray(mv)).reshape(-1).view(np.uint8)
+        else:
+            arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)
+    if arr.flags.writeable:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+def readonly(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A read-only view of ``arr`` (kernels take read-only inputs only)."""
+    if arr.flags.writeable:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+def normalize_erasures(erasures: Iterable[int] | None, size: int) -> npt.NDArray[np.int64]:
+    """Sorted, de-duplicated erasure offsets into an encoded buffer of ``size`` bytes."""
+    if erasures is None:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        arr = np.unique(np.asarray(list(erasures), dtype=np.int64))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InputError("erasures must be an iterable of byte offsets") from exc
+    if arr.size and (arr[0] < 0 or arr[-1] >= size):
+        raise InputError(f"erasure offsets must lie in [0, {size}), got {arr[0]}..{arr[-1]}")
+    return arr
+
+
+class Codec(ABC):
+    """Base class of every codec. Subclasses are immutable and compare equal by config."""
+
+    codec_id: ClassVar[str]
+    #: parameter names that a string spec may give positionally, e.g. ``rs(255,223)``
+    positional: ClassVar[tuple[str, ...]] = ()
+
+    # ---------------------------------------------------------------- coding
+    @abstractmethod
+    def encode(self, data: BytesLike) -> bytes:
+        """Encode ``data`` (any bytes-like object or numpy array, taken as raw bytes)."""
+
+    @abstractmethod
+    def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
+        """Decode an encoded buffer.
+
+        Never raises for corrupted *content*; raises :class:`~rkv.errors.CorruptRecordError`
+        only if ``len(buf)`` is impossible for this codec. ``erasures`` are byte offsets into
+        ``buf`` known to be unreliable; codecs that cannot use them ignore them.
+        """
+
+    def decode_or_raise(
+        self, buf: BytesLike, erasures: Iterable[int] | None = None
+    ) -> DecodeResult:
+        """Like :meth:`decode`, but raises :class:`~rkv.errors.UncorrectableError`."""
+        res = self.decode(buf, erasures)
+        if res.status == UNCORRECTABLE:
+            raise UncorrectableError(f"{self.spec}: {res.detail or 'uncorrectable'}")
+        return res
+
+    @abstractmethod
+    def encoded_size(self, n: int) -> int:
+        """Length of the encoding of ``n`` data bytes."""
+
+    @abstractmethod
+    def data_size(self, encoded_n: int) -> int:
+        """Inverse of :meth:`encoded_size`; raises ``CorruptRecordError`` if impossible."""
+
+    def systematic_data(self, buf: BytesLike) -> U8 | None:
+        """The data bytes read straight out of ``buf`` without decoding, or ``None``.
+
+        For the fast read path: the caller verifies its own checksum over this array and calls
+        :meth:`decode` only when that fails. May be a zero-copy view of ``buf``.
+        """
+        return None
+
+    # ---------------------------------------------------------------- config
+    @abstractmethod
+    def get_config(self) -> dict[str, Any]:
+        """A JSON-able dict, including ``"id"``, that :func:`rkv.ecc.get_codec` accepts."""
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> Codec:
+        """Build a codec from a config dict; raises :class:`~rkv.errors.ConfigError`."""
+
+    @property
+    def spec(self) -> str:
+        """The string form of this codec, e.g. ``rs(255,223,interleave=8)``."""
+        cfg = self.get_config()
+        args = [f"{k}={v}" for k, v in cfg.items() if k != "id"]
+        return f"{cfg['id']}({','.join(args)})" if args else str(cfg["id"])
+
+    # ---------------------------------------------------------------- maths
+    @property
+    def n(self) -> int | None:
+        """Codeword length in symbols (shortened codes: the full-length codeword)."""
+        return None
+
+    @property
+    def k(self) -> int | None:
+        """Data symbols per codeword."""
+        return None
+
+    @property
+    def t(self) -> int:
+        """Symbol errors per codeword corrected without erasure information."""
+        return 0
+
+    @property
+    def symbol_bits(self) -> int:
+        """Bits per code symbol."""
+        return 8
+
+    @property
+    def overhead(self) -> float:
+        """Asymptotic encoded/data size ratio for large data (see :meth:`encoded_size`)."""
+        return 1.0
+
+    @property
+    def corrects(self) -> bool:
+        """True for error-correcting codes, False for detection-only checksums."""
+        return self.t > 0
+
+    # ---------------------------------------------------------------- misc
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Codec):
+            return NotImplemented
+        return self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, str(v)) for k, v in self.get_config().items())))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec}>"
+
+
+# ---------------------------------------------------------------- config validation helpers
+def check_keys(cfg: Mapping[str, Any], codec_id: str, allowed: Iterable[str]) -> None:
+    """Raise ConfigError unless ``cfg`` is a mapping for ``codec_id`` with only ``allowed``."""
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"codec config must be a mapping, got {type(cfg).__name__}")
+    if cfg.get("id") != codec_id:
+        raise ConfigError(f"config id {cfg.get('id')!r} is not {codec_id!r}")
+    extra = sorted(set(cfg) - set(allowed) - {"id"})
+    if extra:
+        raise ConfigError(
+            f"{codec_id}: unknown parameter(s) {', '.join(map(repr, extra))}; "
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
+        )
+
+
+def int_param(
+    cfg: Mapping[str, Any],
+    codec_id: str,
+    name: str,
+    *,
+    lo: int,
+    hi: int,
+    default: int | None = None,
+) -> int:
+    """An integer parameter in ``[lo, hi]``; bools and non-integers are rejected."""
+    if name not in cfg:
+        if default is None:
+            raise ConfigError(f"{codec_id}: missing required parameter {name!r}")
+        return default
+    val = cfg[name]
+    if isinstance(val, bool) or not isinstance(val, int | np.integer):
+        raise ConfigError(f"{codec_id}: {name} must be an integer, got {val!r}")
+    ival = int(val)
+    if not lo <= ival <= hi:
+        raise ConfigError(f"{codec_id}: {name}={ival} out of range [{lo}, {hi}]")
+    return ival
+
+
+def choice_param(
+    cfg: Mapping[str, Any], codec_id: str, name: str, choices: tuple[str, ...], default: str
+) -> str:
+    val = cfg.get(name, default)
+    if not isinstance(val, str) or val not in choices:
+        raise ConfigError(f"{codec_id}: {name} must be one of {choices}, got {val!r}")
+    return val
