@@ -111,9 +111,10 @@ def timed_reads(fn: Any, reads: int) -> tuple[float, float]:
 
 
 def engine_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
-               chunk: int, medium: str, reads: int) -> tuple[float, float, float]:
+               chunk: int, medium: str, reads: int, ecc: str) -> tuple[float, float, float]:
     cfg = EngineConfig(chunk_tokens=chunk, tiers=(
-        TierConfig("t0", medium=medium, path=str(base / "t0"), capacity_bytes=1 << 40),))
+        TierConfig("t0", medium=medium, path=str(base / "t0"), capacity_bytes=1 << 40,
+                   ecc=ecc),))
     with Engine.open(base / "store", cfg) as e:
         t0 = time.perf_counter()
         for t, kv in data:
@@ -142,6 +143,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--medium", choices=["memory", "disk"], default="memory")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--ecc", default="none", help="the engine tier's codec, e.g. rs(255,239)")
     ap.add_argument("--json", default=None, help="write results to this file")
     args = ap.parse_args()
     where = memory_dir() if args.medium == "memory" else None
@@ -156,7 +158,8 @@ def main() -> None:
             base = Path(tempfile.mkdtemp(prefix="rkv-bench-", dir=where))
             try:
                 raw = raw_lmdb(base, spec, data, args.chunk, args.reads)
-                eng = engine_run(base, spec, data, args.chunk, args.medium, args.reads)
+                eng = engine_run(base, spec, data, args.chunk, args.medium, args.reads,
+                                 args.ecc)
             finally:
                 shutil.rmtree(base, ignore_errors=True)
             for k, v in zip(samples, (*raw, *eng), strict=True):
@@ -167,7 +170,7 @@ def main() -> None:
                      "put_ratio": med["put"] / med["raw_put"],
                      "get_ratio": med["get"] / med["raw_get"],
                      "get_into_ratio": med["get_into"] / med["raw_get_into"]})
-    print(f"\nmedium={args.medium}, {args.seqs} sequences x {args.tokens} tokens, "
+    print(f"\nmedium={args.medium}, ecc={args.ecc}, {args.seqs} sequences x {args.tokens} tokens, "
           f"chunk {args.chunk}, median of {args.repeat} (GB/s of KV)\n")
     print("| model | block | raw put | rkv put | ratio | raw get | rkv get | ratio | "
           "raw get into buffer | rkv get out= | ratio |")
