@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rkv.engine import Engine
-from rkv.errors import RkvError
+from rkv.errors import ConfigError, RkvError
 
 
 def _human(n: float) -> str:
@@ -82,6 +82,82 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(path=args.path, prompts=args.prompts, keep=args.keep)
 
 
+def _campaign_config(args: argparse.Namespace) -> Any:
+    from rkv.faults.campaign import CampaignConfig
+
+    base: dict[str, Any] = {}
+    if args.config:
+        base = CampaignConfig.load(args.config).to_dict()
+    for name in ("tier", "protection", "hours", "trials", "blocks", "seed", "workers",
+                 "sampling", "rows", "chunk_tokens", "kv_heads", "head_dim", "dtype"):
+        value = getattr(args, name)
+        if value is not None:
+            base[name] = value
+    if args.fault_model is not None or args.param:
+        fm: Any = args.fault_model if args.fault_model is not None else base.get("fault_model")
+        if args.param:
+            table = dict(fm) if isinstance(fm, dict) else ({"preset": fm} if fm else {})
+            if not table.get("preset") and not table.get("model"):
+                from rkv.config import default_tiers
+
+                tier = base.get("tier", "nvme")
+                table["preset"] = next(t for t in default_tiers() if t.name == tier).fault_model
+            for item in args.param:
+                key, sep, raw = item.partition("=")
+                if not sep:
+                    raise ConfigError(f"--param expects KEY=VALUE, got {item!r}")
+                table[key.strip()] = _parse_scalar(raw)
+            fm = table
+        base["fault_model"] = fm
+    return CampaignConfig.from_dict(base)
+
+
+def _parse_scalar(raw: str) -> Any:
+    raw = raw.strip()
+    for conv in (int, float):
+        try:
+            return conv(raw)
+        except ValueError:
+            pass
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    return raw
+
+
+def cmd_campaign(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from rkv.faults.campaign import (
+        format_summary,
+        replay_trial,
+        run_campaign,
+        stderr_progress,
+    )
+
+    cfg = _campaign_config(args)
+    if args.replay is not None:
+        print(json.dumps(replay_trial(cfg, args.replay), indent=2))
+        return 0
+    quiet = args.json or args.quiet
+    summary = run_campaign(cfg, progress=None if quiet else stderr_progress)
+    result: dict[str, Any] = summary.to_json()
+    raw = None
+    if args.compare_raw and summary.protection != "raw":
+        raw = run_campaign(replace(cfg, protection="raw", rows=""),
+                           progress=None if quiet else stderr_progress)
+        result["raw"] = raw.to_json()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_summary(summary))
+        if raw is not None:
+            print("\nthe same campaign on raw storage (no header, no checksum: what peers do):")
+            print(format_summary(raw))
+        if cfg.rows:
+            print(f"\nper-trial rows: {cfg.rows} (replay one with --replay TRIAL)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rkv", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -101,6 +177,35 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompts", type=int, default=6, help="number of prompts")
     demo.add_argument("--keep", action="store_true", help="keep the store afterwards")
     demo.set_defaults(fn=cmd_demo)
+    camp = sub.add_parser("campaign", help="fault-injection campaign through the real engine")
+    camp.add_argument("--config", help="TOML file with the campaign settings")
+    camp.add_argument("--tier", choices=["dram", "cxl", "nvme"], default=None,
+                      help="start from this default tier's fault model and protection")
+    camp.add_argument("--fault-model", default=None,
+                      help="fault model preset (dram-ddr4, dram-ddr5, cxl, nvme-tlc, raw-ber)")
+    camp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a fault model parameter (repeatable), e.g. pe_cycles=3000")
+    camp.add_argument("--protection", default=None,
+                      help="codec spec (rs(255,239), bch(m=13,t=8), shardrs(k=16,m=2)), "
+                           "'none' (end-to-end checksum only) or 'raw' (nothing)")
+    camp.add_argument("--hours", type=float, default=None, help="residency time in hours")
+    camp.add_argument("--trials", type=int, default=None)
+    camp.add_argument("--blocks", type=int, default=None, help="blocks per trial")
+    camp.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, default=None)
+    camp.add_argument("--kv-heads", dest="kv_heads", type=int, default=None)
+    camp.add_argument("--head-dim", dest="head_dim", type=int, default=None)
+    camp.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"])
+    camp.add_argument("--seed", type=int, default=None)
+    camp.add_argument("--workers", type=int, default=None)
+    camp.add_argument("--sampling", choices=["auto", "direct", "conditional"], default=None)
+    camp.add_argument("--rows", default=None, help="write per-trial rows (JSONL) here")
+    camp.add_argument("--replay", type=int, default=None, metavar="TRIAL",
+                      help="run one trial again and print its row")
+    camp.add_argument("--no-raw", dest="compare_raw", action="store_false",
+                      help="skip the comparison run on raw storage")
+    camp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    camp.add_argument("--quiet", action="store_true", help="no progress output")
+    camp.set_defaults(fn=cmd_campaign)
     return p
 
 

@@ -353,6 +353,18 @@ class Engine:
     def tiers(self) -> dict[str, Tier]:
         return dict(self._tiers)
 
+    def wrap_tier(self, name: str, wrap: Callable[[Tier], Tier]) -> Tier:
+        """Replace tier ``name`` by ``wrap(tier)`` (e.g. a fault-injecting or logging tier
+        around it); returns the wrapper. The wrapper must implement :class:`Tier`."""
+        self._check()
+        if name not in self._tiers:
+            raise ConfigError(f"no tier named {name!r}")
+        wrapped = wrap(self._tiers[name])
+        if not isinstance(wrapped, Tier):
+            raise ConfigError("a tier wrapper must return a Tier")
+        self._tiers[name] = wrapped
+        return wrapped
+
     # -- the write path -----------------------------------------------------------------------
     def _read_record(self, tier: str, key: bytes) -> bytes | None:
         return self._tiers[tier].get(key)

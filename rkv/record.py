@@ -5,12 +5,15 @@ Layout (integers little-endian; see docs/format.md for the full byte map)::
     offset     size  field
     0          8     prelude copy 0: magic b"RKVB" | version u8 | flags u8 | L u16
     8          8     prelude copy 1
-    16         8     prelude copy 2
-    24         L     header copy 0: body (L - 8 bytes) | xxh3_64(prelude || body) u64
-    24 + L     L     header copy 1
-    24 + 2L    L     header copy 2
-    24 + 3L    pad   zero padding up to the next multiple of 64 (ignored when read)
-    A          P     payload (A = 24 + 3L rounded up to 64; P = payload_len)
+    16         L     header copy 0: body (L - 8 bytes) | xxh3_64(prelude || body) u64
+    16 + L     L     header copy 1
+    16 + 2L    pad   zero padding up to the next multiple of 64 (ignored when read)
+    A          P     payload (A = 16 + 2L rounded up to 64; P = payload_len)
+    A + P      L     header copy 2
+    A + P + L  8     prelude copy 2
+
+One prelude and one header copy trail the payload, so that losing a whole sector (or a
+poisoned line) at either end of the record still leaves a readable header.
 
 The header body is a fixed binary part (key, fingerprint, layer, dtype, shape, lengths, the
 checksum) followed by the codec configs as a JSON array (empty when no codec is used)::
@@ -56,6 +59,7 @@ PRELUDE_BYTES = 8
 PRELUDE_COPIES = 3
 HEADER_COPIES = 3
 HEADER_CHECK_BYTES = 8
+LEAD_COPIES = 2                      # prelude and header copies before the payload
 FIXED_BYTES = PRELUDE_BYTES * PRELUDE_COPIES
 PAYLOAD_ALIGN = 64
 CHECKSUM_ALG = "xxh3_128"
@@ -148,21 +152,23 @@ def _header_copy(prelude: bytes, body: bytes) -> bytes:
 
 
 def payload_offset(header_len: int) -> int:
-    """Where the payload starts: after the header copies, aligned to 64 bytes so that readers
-    copy and hash it with aligned, vectorized loops."""
-    end = FIXED_BYTES + HEADER_COPIES * header_len
+    """Where the payload starts: after the leading prelude and header copies, aligned to 64
+    bytes so that readers copy and hash it with aligned, vectorized loops."""
+    end = LEAD_COPIES * (PRELUDE_BYTES + header_len)
     return (end + PAYLOAD_ALIGN - 1) // PAYLOAD_ALIGN * PAYLOAD_ALIGN
 
 
-def _header_bytes(header: RecordHeader) -> bytes:
-    """Prelude and header copies, zero-padded to the payload offset."""
+def _framing(header: RecordHeader) -> tuple[bytes, bytes]:
+    """(lead, trail): the bytes before the payload (two prelude copies, two header copies,
+    padding) and after it (the third header copy, then the third prelude copy)."""
     body = header.to_bytes()
     length = len(body) + HEADER_CHECK_BYTES
     if length > 0xFFFF:
         raise CorruptRecordError("record header too large")
     pre = _prelude(length)
-    head = pre * PRELUDE_COPIES + _header_copy(pre, body) * HEADER_COPIES
-    return head + bytes(payload_offset(length) - len(head))
+    copy = _header_copy(pre, body)
+    lead = pre * LEAD_COPIES + copy * LEAD_COPIES
+    return lead + bytes(payload_offset(length) - len(lead)), copy + pre
 
 
 def encode_record(header: RecordHeader, payload: Any) -> bytearray:
@@ -170,16 +176,14 @@ def encode_record(header: RecordHeader, payload: Any) -> bytearray:
     view = memoryview(payload).cast("B")
     if view.nbytes != header.payload_len:
         raise ValueError(f"payload is {view.nbytes} bytes, header says {header.payload_len}")
-    head = _header_bytes(header)
-    out = bytearray(len(head) + view.nbytes)
-    out[: len(head)] = head
-    out[len(head):] = view
-    return out
+    lead, trail = _framing(header)
+    return bytearray(lead) + view + trail
 
 
 def array_record_size(header: RecordHeader, nbytes: int) -> int:
     """Size of the record :func:`encode_array_record` makes for ``nbytes`` of data."""
-    return len(_header_bytes(replace(header, data_len=nbytes, payload_len=nbytes))) + nbytes
+    lead, trail = _framing(replace(header, data_len=nbytes, payload_len=nbytes))
+    return len(lead) + nbytes + len(trail)
 
 
 def encode_array_record(header: RecordHeader, data: np.ndarray,
@@ -193,14 +197,15 @@ def encode_array_record(header: RecordHeader, data: np.ndarray,
     """
     nbytes = data.nbytes
     final = replace(header, data_len=nbytes, payload_len=nbytes, checksum=bytes(16))
-    head_len = len(_header_bytes(final))  # the checksum has a fixed width
-    out = (alloc or _new_buffer)(head_len + nbytes)
-    dest = out[head_len:]
+    lead, trail = _framing(final)  # sizes only: the checksum has a fixed width
+    out = (alloc or _new_buffer)(len(lead) + nbytes + len(trail))
+    dest = out[len(lead):len(lead) + nbytes]
     dest.reshape((*data.shape, data.itemsize))[...] = data.view(np.uint8).reshape(
         (*data.shape, data.itemsize)
     )
-    head = _header_bytes(replace(final, checksum=data_checksum(dest)))
-    out[:head_len] = np.frombuffer(head, dtype=np.uint8)
+    lead, trail = _framing(replace(final, checksum=data_checksum(dest)))
+    out[:len(lead)] = np.frombuffer(lead, dtype=np.uint8)
+    out[len(lead) + nbytes:] = np.frombuffer(trail, dtype=np.uint8)
     return out
 
 
@@ -220,6 +225,33 @@ def _majority(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (a & b) | (a & c) | (b & c)  # type: ignore[no-any-return]
 
 
+def _find_header(view: memoryview, pre: bytes, total: int
+                 ) -> tuple[bytes, int, bytes, int] | None:
+    """Locate a verified header body for prelude ``pre``: (pre, L, body, repairs) or None."""
+    hlen = int.from_bytes(pre[6:8], "little")
+    if hlen <= HEADER_CHECK_BYTES:
+        return None
+    start = payload_offset(hlen)
+    if total < start + hlen + PRELUDE_BYTES:
+        raise TruncatedRecordError(f"record is {total} bytes, too short for its header")
+    # Two header copies lead, the third trails the payload: a lost sector at either end of
+    # the record leaves at least one copy readable.
+    last = total - PRELUDE_BYTES
+    offsets = (LEAD_COPIES * PRELUDE_BYTES, LEAD_COPIES * PRELUDE_BYTES + hlen, last - hlen)
+    for i, off in enumerate(offsets):
+        candidate = bytes(view[off:off + hlen - HEADER_CHECK_BYTES])
+        stored = int.from_bytes(view[off + hlen - HEADER_CHECK_BYTES:off + hlen], "little")
+        if xxhash.xxh3_64_intdigest(pre + candidate) == stored:
+            return pre, hlen, candidate, i
+    merged = _majority(*(np.frombuffer(view[o:o + hlen], dtype=np.uint8)
+                         for o in offsets)).tobytes()
+    body = merged[:-HEADER_CHECK_BYTES]
+    if xxhash.xxh3_64_intdigest(pre + body) != int.from_bytes(merged[-HEADER_CHECK_BYTES:],
+                                                              "little"):
+        return None
+    return pre, hlen, body, HEADER_COPIES
+
+
 def decode_record(
     buf: Any,
     *,
@@ -235,50 +267,44 @@ def decode_record(
     view = memoryview(buf).cast("B")
     total = view.nbytes
     if total < FIXED_BYTES:
-        raise TruncatedRecordError(f"record is {total} bytes, shorter than its prelude")
-    repairs = 0
-    pre = bytes(view[:PRELUDE_BYTES])
-    if pre != view[PRELUDE_BYTES:2 * PRELUDE_BYTES] or pre != view[2 * PRELUDE_BYTES:FIXED_BYTES]:
-        copies = np.frombuffer(view[:FIXED_BYTES], dtype=np.uint8).reshape(
-            PRELUDE_COPIES, PRELUDE_BYTES)
-        voted = _majority(copies[0], copies[1], copies[2])
-        repairs = int(np.count_nonzero((copies != voted).any(axis=1)))
-        pre = voted.tobytes()
-    if pre[:4] != MAGIC:
-        raise CorruptRecordError("not an rkv record (bad magic)")
-    if pre[4] != FORMAT_VERSION:
-        raise UnknownFormatError(f"record format version {pre[4]} is not supported")
-    if pre[5] != 0:
-        raise UnknownFormatError(f"record flags {pre[5]:#x} are not supported")
-    hlen = int.from_bytes(pre[6:8], "little")
-    if hlen <= HEADER_CHECK_BYTES:
-        raise CorruptRecordError(f"bad header length {hlen}")
-    head_end = FIXED_BYTES + HEADER_COPIES * hlen
-    if total < head_end:
-        raise TruncatedRecordError(f"record is {total} bytes, its header ends at {head_end}")
-    body = None
-    for i in range(HEADER_COPIES):
-        start = FIXED_BYTES + i * hlen
-        candidate = bytes(view[start:start + hlen - HEADER_CHECK_BYTES])
-        stored = int.from_bytes(view[start + hlen - HEADER_CHECK_BYTES:start + hlen], "little")
-        if xxhash.xxh3_64_intdigest(pre + candidate) == stored:
-            body = candidate
-            repairs += i
+        raise TruncatedRecordError(f"record is {total} bytes, shorter than its preludes")
+    last = total - PRELUDE_BYTES
+    p0 = bytes(view[:PRELUDE_BYTES])
+    if p0 == view[PRELUDE_BYTES:2 * PRELUDE_BYTES] and p0 == view[last:]:
+        p1 = p2 = p0
+        candidates = [p0]
+    else:
+        p1, p2 = bytes(view[PRELUDE_BYTES:2 * PRELUDE_BYTES]), bytes(view[last:])
+        # The bitwise vote first; then each copy alone, for when two copies were lost
+        # together (a lost sector at one end). A header copy verifies its prelude too.
+        arrs = [np.frombuffer(p, dtype=np.uint8) for p in (p0, p1, p2)]
+        voted = _majority(*arrs).tobytes()
+        candidates = list(dict.fromkeys([voted, p0, p1, p2]))
+    found = None
+    magic_seen = False
+    for pre in candidates:
+        if pre[:4] != MAGIC:
+            continue
+        magic_seen = True
+        if pre[4] != FORMAT_VERSION:
+            raise UnknownFormatError(f"record format version {pre[4]} is not supported")
+        if pre[5] != 0:
+            raise UnknownFormatError(f"record flags {pre[5]:#x} are not supported")
+        found = _find_header(view, pre, total)
+        if found is not None:
             break
-    if body is None:
-        hcopies = np.frombuffer(view[FIXED_BYTES:head_end], dtype=np.uint8).reshape(
-            HEADER_COPIES, hlen)
-        merged = _majority(hcopies[0], hcopies[1], hcopies[2]).tobytes()
-        body = merged[:-HEADER_CHECK_BYTES]
-        stored = int.from_bytes(merged[-HEADER_CHECK_BYTES:], "little")
-        if xxhash.xxh3_64_intdigest(pre + body) != stored:
-            raise CorruptRecordError("record header is corrupt in all copies")
-        repairs += HEADER_COPIES
-    header = RecordHeader.from_bytes(body)
+    if found is None:
+        if not magic_seen:
+            raise CorruptRecordError("not an rkv record (bad magic)")
+        raise CorruptRecordError("record header is corrupt in all copies")
+    pre, hlen, body, repairs = found
+    repairs += sum(p != pre for p in (p0, p1, p2))
     start = payload_offset(hlen)
-    if total != start + header.payload_len:
+    header = RecordHeader.from_bytes(body)
+    if total != start + header.payload_len + hlen + PRELUDE_BYTES:
         raise TruncatedRecordError(
-            f"record is {total} bytes, header says {start + header.payload_len}"
+            f"record is {total} bytes, header says "
+            f"{start + header.payload_len + hlen + PRELUDE_BYTES}"
         )
     if expect_key is not None and header.key != expect_key:
         raise RecordMismatchError("record was written under another chunk key")
@@ -288,5 +314,5 @@ def decode_record(
         )
     if expect_fingerprint is not None and header.fingerprint != expect_fingerprint:
         raise RecordMismatchError("record was written for another model fingerprint")
-    return DecodedRecord(header, view[start:], repairs, start)
+    return DecodedRecord(header, view[start:start + header.payload_len], repairs, start)
 

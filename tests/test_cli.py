@@ -35,7 +35,9 @@ def test_verify_clean_and_corrupt(tmp_path: Path, capsys: pytest.CaptureFixture[
     with Engine.open(tmp_path / "s") as e:
         key = chunk_keys(as_token_array(t), SMALL.fingerprint(), 16)[2]
         rec = bytearray(e.tiers["dram"].get(block_key(key, 0)) or b"")
-        rec[-1] ^= 1
+        from rkv.record import decode_record
+
+        rec[decode_record(rec).header_bytes + 5] ^= 1
         e.tiers["dram"].put(block_key(key, 0), rec)
     assert main(["verify", "--json", str(tmp_path / "s")]) == 1
     data = json.loads(capsys.readouterr().out)

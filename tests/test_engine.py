@@ -256,7 +256,9 @@ def test_corrupt_payload_is_uncorrectable_not_wrong(store_path: Path) -> None:
         key = chunk_keys(as_token_array(t), SMALL.fingerprint(), 16)[1]
         tier = e.tiers["dram"]
         rec = bytearray(tier.get(block_key(key, 2)) or b"")
-        rec[-3] ^= 0x04
+        from rkv.record import decode_record
+
+        rec[decode_record(rec).header_bytes + 7] ^= 0x04
         tier.put(block_key(key, 2), rec)
         got = e.get(t, model=SMALL)
         assert got.n_tokens == 16 and not got.ok
@@ -281,7 +283,8 @@ def test_header_flips_through_the_engine_never_give_wrong_kv(store_path: Path) -
 
         head = decode_record(orig).header_bytes
         rng = np.random.default_rng(0)
-        for bit in rng.choice(head * 8, size=200, replace=False):
+        for bit in rng.choice(head * 8, size=150, replace=False).tolist() + [
+                8 * (len(orig) - 1 - i) for i in range(50)]:
             bad = bytearray(orig)
             bad[bit // 8] ^= 1 << (bit % 8)
             tier.put(bkey, bad)

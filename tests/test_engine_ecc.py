@@ -149,7 +149,7 @@ def test_corrupt_block_moves_unchanged_and_stays_detected(store_path: Path) -> N
         e.put(t0, random_kv(SMALL, 16), model=SMALL)
         bkey = first_block(e, t0, SMALL)
         rec = bytearray(e.tiers["dram"].get(bkey) or b"")
-        rec[-1] ^= 1
+        rec[decode_record(rec).header_bytes + 1] ^= 1
         e.tiers["dram"].put(bkey, rec)
         e.put(toks(16, 1), random_kv(SMALL, 16, 1), model=SMALL)   # demotes t0 to cxl
         assert e.tiers["cxl"].get(bkey) == bytes(rec)

@@ -16,7 +16,6 @@ from rkv.errors import (
     UnknownFormatError,
 )
 from rkv.record import (
-    FIXED_BYTES,
     RecordHeader,
     data_checksum,
     decode_record,
@@ -75,11 +74,17 @@ def test_encode_record_matches_array_path() -> None:
     assert bytes(encode_record(dec.header, data.tobytes())) == rec
 
 
+def framing_bytes(rec: bytes) -> list[int]:
+    """Byte offsets of the prelude and header copies (leading and trailing)."""
+    dec = decode_record(rec)
+    end = dec.header_bytes + dec.header.payload_len
+    return [*range(dec.header_bytes), *range(end, len(rec))]
+
+
 def test_every_header_bit_flip_is_corrected_or_detected() -> None:
     rec, data = make()
-    head_end = decode_record(rec).header_bytes
     outcomes = {"corrected": 0, "detected": 0}
-    for bit in range(head_end * 8):
+    for bit in (8 * b + i for b in framing_bytes(rec) for i in range(8)):
         bad = bytearray(rec)
         bad[bit // 8] ^= 1 << (bit % 8)
         try:
@@ -93,14 +98,19 @@ def test_every_header_bit_flip_is_corrected_or_detected() -> None:
     assert outcomes["detected"] == 0
 
 
+def header_copy_offsets(rec: bytes) -> tuple[list[int], int]:
+    hlen = int.from_bytes(rec[6:8], "little")
+    return [16, 16 + hlen, len(rec) - 8 - hlen], hlen
+
+
 def test_burst_across_two_header_copies_is_detected_or_corrected() -> None:
     rec, data = make()
-    hlen = (decode_record(rec).header_bytes - FIXED_BYTES) // 3
+    offsets, hlen = header_copy_offsets(rec)
     rng = np.random.default_rng(5)
     for _ in range(300):
         bad = bytearray(rec)
         for copy in rng.choice(3, size=2, replace=False):
-            start = FIXED_BYTES + int(copy) * hlen + int(rng.integers(0, hlen - 4))
+            start = offsets[int(copy)] + int(rng.integers(0, hlen - 4))
             for j in range(4):
                 bad[start + j] ^= int(rng.integers(1, 256))
         try:
@@ -110,13 +120,30 @@ def test_burst_across_two_header_copies_is_detected_or_corrected() -> None:
         assert got is not None and np.array_equal(got, data)
 
 
-def test_two_prelude_copies_corrupted_is_detected() -> None:
-    rec, _ = make()
+def test_prelude_survives_in_one_copy_and_fails_in_none() -> None:
+    rec, data = make()
     bad = bytearray(rec)
     bad[0] ^= 0xFF
-    bad[8] ^= 0xFF
+    bad[8] ^= 0xFF                      # two of three copies: the trailing one still verifies
+    got = decode_data(bad, "float16", data.shape)
+    assert got is not None and np.array_equal(got, data)
+    bad[len(rec) - 8] ^= 0xFF           # all three: nothing to trust
     with pytest.raises(CorruptRecordError):
         decode_record(bad)
+
+
+def test_losing_either_end_of_a_record_keeps_its_header() -> None:
+    """A lost sector (here: the leading or trailing copies zeroed) leaves one copy."""
+    rec, data = make(shape=(2, 64, 2, 16))
+    dec = decode_record(rec)
+    lead = dec.header_bytes
+    tail = len(rec) - dec.header_bytes - dec.header.payload_len
+    for lo, hi in ((0, lead), (len(rec) - tail, len(rec))):
+        bad = bytearray(rec)
+        bad[lo:hi] = bytes(hi - lo)
+        got = decode_data(bad, "float16", data.shape)
+        assert got is not None and np.array_equal(got, data)
+        assert decode_record(bad).header_repairs >= 1
 
 
 @given(st.data())
@@ -146,20 +173,20 @@ def test_every_truncation_is_a_typed_error() -> None:
 def test_payload_flip_fails_checksum() -> None:
     rec, arr = make()
     bad = bytearray(rec)
-    bad[-1] ^= 0x10
+    bad[decode_record(rec).header_bytes] ^= 0x10
     assert decode_data(bad, "float16", arr.shape) is None
 
 
 def test_unknown_version_and_magic() -> None:
     rec, _ = make()
     bad = bytearray(rec)
-    for c in range(3):
-        bad[8 * c + 4] = 2
+    for off in (0, 8, len(rec) - 8):
+        bad[off + 4] = 2
     with pytest.raises(UnknownFormatError):
         decode_record(bad)
     bad = bytearray(rec)
-    for c in range(3):
-        bad[8 * c] = ord("X")
+    for off in (0, 8, len(rec) - 8):
+        bad[off] = ord("X")
     with pytest.raises(CorruptRecordError, match="magic"):
         decode_record(bad)
     with pytest.raises(CorruptRecordError):
@@ -201,8 +228,10 @@ def test_hostile_but_well_checksummed_header_is_rejected() -> None:
         hlen = len(body) + 8
         pre = MAGIC + bytes([1, 0]) + hlen.to_bytes(2, "little")
         copy = body + xxhash.xxh3_64_intdigest(pre + body).to_bytes(8, "little")
+        lead = pre * 2 + copy * 2
+        lead += bytes(-len(lead) % 64)
         with pytest.raises(CorruptRecordError):
-            decode_record(pre * 3 + copy * 3 + b"\0\0")
+            decode_record(lead + b"\0\0" + copy + pre)
 
 
 def test_codec_list_round_trips() -> None:

@@ -1,0 +1,1 @@
+"""Fault injection and reliability: injecting tiers, analytic predictions, campaigns."""

@@ -1,0 +1,443 @@
+"""Fault-injection campaigns through the real engine: put, inject, get, classify.
+
+A trial stores ``blocks`` fresh KV blocks (one chunk of one layer each) in a store whose only
+tier has the campaign's fault model and protection, draws an error pattern for every stored
+record from the model (seeded by the trial's seed), applies it to the record at the tier
+boundary, reads every block back through :meth:`Engine.get` and compares it with what was
+written:
+
+* **clean**: no fault was drawn for the block;
+* **masked**: faults were drawn, yet the read was clean and exact;
+* **corrected**: the read reported corrections and the data is exact;
+* **DUE**: the read reported the block uncorrectable or missing (a recompute);
+* **SDC**: the read returned data without complaint, and it is wrong.
+
+Protection ``raw`` stores the bare data (no record, no checksum) in the same kind of tier, as
+today's peers do, and reads it back unverified: whatever the medium does not report is SDC.
+
+Rare events: with ``sampling = "conditional"`` every block gets a pattern drawn *given* at
+least one fault (``FaultModel.sample_given_error``), and the conditional outcome rates are
+scaled by the analytic probability of any fault (``p_any_error``), so rates near 1e-15 are
+estimated without 1e15 trials. ``auto`` picks conditional sampling when faults are rarer than
+one in a thousand blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkv.config import EngineConfig, TierConfig, default_tiers
+from rkv.engine import Engine
+from rkv.errors import ConfigError
+from rkv.faults.injection import FaultyTier
+from rkv.faults.reliability import RAW, Prediction, predict
+from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.model import ModelSpec
+from rkv.tensors import numpy_dtype
+from rkv.tiers import LmdbTier
+
+OUTCOMES = ("clean", "masked", "corrected", "due", "sdc")
+SAMPLING = ("auto", "direct", "conditional")
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    """What a campaign runs. Round-trips to dicts and TOML (``[campaign]`` table or top level).
+
+    ``tier`` picks a default tier (``dram``, ``cxl``, ``nvme``) for its fault model and
+    protection; ``fault_model`` (a preset name, or a table with ``preset`` and overrides) and
+    ``protection`` (a codec spec, ``none`` for the end-to-end checksum alone, ``raw`` for no
+    protection at all) override it. The block shape defaults to one SmolLM2-135M block
+    (256 tokens x 3 KV heads x 64 dims, fp16: 192 KiB).
+    """
+
+    tier: str = "nvme"
+    fault_model: str | dict[str, Any] = ""
+    protection: str = ""
+    hours: float = 24.0
+    trials: int = 100
+    blocks: int = 8
+    chunk_tokens: int = 256
+    kv_heads: int = 3
+    head_dim: int = 64
+    dtype: str = "float16"
+    bits: int = 16
+    seed: int = 0
+    workers: int = 1
+    sampling: str = "auto"
+    rows: str = ""
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in default_tiers()]
+        if self.tier not in names:
+            raise ConfigError(f"tier must be one of {names}, got {self.tier!r}")
+        for name in ("trials", "blocks", "chunk_tokens", "kv_heads", "head_dim", "workers"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"campaign {name} must be a positive int, got {v!r}")
+        if (isinstance(self.hours, bool) or not isinstance(self.hours, int | float)
+                or not self.hours >= 0 or math.isinf(self.hours)):
+            raise ConfigError(f"campaign hours must be a finite number >= 0, got {self.hours!r}")
+        if self.sampling not in SAMPLING:
+            raise ConfigError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
+        if self.bits != 16:
+            raise ConfigError("bits: only 16 (no quantization) until quantization lands")
+        if self.dtype not in ("float16", "bfloat16", "float32"):
+            raise ConfigError(f"bad dtype {self.dtype!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError("seed must be a non-negative int")
+        if not isinstance(self.fault_model, str | dict):
+            raise ConfigError("fault_model must be a preset name or a table")
+        if not isinstance(self.protection, str) or not isinstance(self.rows, str):
+            raise ConfigError("protection and rows must be strings")
+        self.tier_config()  # validates the protection's codec spec
+        self.model()        # validates the fault model
+
+    # -- derived --------------------------------------------------------------------------
+    def tier_config(self) -> TierConfig:
+        base = next(t for t in default_tiers() if t.name == self.tier)
+        prot = self.effective_protection()
+        fm = self.fault_model if isinstance(self.fault_model, str) and self.fault_model else (
+            base.fault_model if not self.fault_model else "custom")
+        return replace(base, ecc="none" if prot == RAW else prot, fault_model=fm,
+                       capacity_bytes=1 << 40, path="tier")
+
+    def effective_protection(self) -> str:
+        if self.protection:
+            return self.protection.strip()
+        return next(t for t in default_tiers() if t.name == self.tier).ecc
+
+    def model(self) -> Any:
+        import faultmodels
+
+        spec: Any = self.fault_model or next(
+            t for t in default_tiers() if t.name == self.tier).fault_model
+        try:
+            return faultmodels.get_model(spec)
+        except ValueError as exc:
+            raise ConfigError(f"bad fault model {spec!r}: {exc}") from exc
+
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec("campaign/block", n_layers=1, n_kv_heads=self.kv_heads,
+                         head_dim=self.head_dim, dtype=self.dtype)
+
+    @property
+    def data_bytes(self) -> int:
+        return 2 * self.chunk_tokens * self.kv_heads * self.head_dim * (
+            4 if self.dtype == "float32" else 2)
+
+    def trial_seed(self, trial: int) -> int:
+        """The seed of trial ``trial``: replaying it needs nothing else."""
+        return int(np.random.SeedSequence([self.seed, trial]).generate_state(1, np.uint64)[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CampaignConfig:
+        if not isinstance(d, dict):
+            raise ConfigError("campaign config must be a table")
+        d = d.get("campaign", d) if isinstance(d.get("campaign"), dict) else d
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown campaign keys {sorted(unknown)} (known: {sorted(known)})")
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise ConfigError(f"bad campaign config: {exc}") from exc
+
+    @classmethod
+    def load(cls, path: str | Path) -> CampaignConfig:
+        try:
+            return cls.from_dict(tomllib.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read campaign config {path}: {exc}") from exc
+
+
+@dataclass
+class TrialResult:
+    trial: int
+    seed: int
+    outcomes: list[str]
+    faults: list[dict[str, Any]]
+    corrected_symbols: int = 0
+
+    def row(self) -> dict[str, Any]:
+        c = Counter(self.outcomes)
+        return {"trial": self.trial, "seed": self.seed,
+                **{o: c.get(o, 0) for o in OUTCOMES},
+                "corrected_symbols": self.corrected_symbols, "blocks": self.faults}
+
+
+@dataclass
+class Summary:
+    config: dict[str, Any]
+    protection: str
+    sampling: str
+    trials: int
+    blocks: int
+    counts: dict[str, int]
+    p_any_error: float
+    rates: dict[str, tuple[float, float, float]]     # outcome -> (rate, low, high), per block
+    prediction: Prediction
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "trials": self.trials, "blocks": self.blocks, **self.counts,
+            "protection": self.protection, "sampling": self.sampling,
+            "p_any_error": self.p_any_error,
+            "rates": {k: {"rate": r, "ci95": [lo, hi]} for k, (r, lo, hi) in self.rates.items()},
+            "analytic": self.prediction.to_dict(),
+            "seconds": self.seconds,
+            "blocks_per_second": self.blocks / self.seconds if self.seconds else 0.0,
+            "config": self.config, **self.extra,
+        }
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval for k successes in n trials."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# -- one worker's store --------------------------------------------------------------------
+class _Bench:
+    """A store with one fault-injecting tier, reused across a worker's trials."""
+
+    def __init__(self, cfg: CampaignConfig, root: Path) -> None:
+        self.cfg = cfg
+        self.model = cfg.model()
+        self.spec = cfg.model_spec()
+        self.protection = cfg.effective_protection()
+        self.raw = self.protection == RAW
+        tier = cfg.tier_config()
+        self.root = root
+        if self.raw:
+            self.tier = FaultyTier(LmdbTier(tier, root / "raw"))
+            self.engine: Engine | None = None
+        else:
+            ecfg = EngineConfig(chunk_tokens=cfg.chunk_tokens, tiers=(tier,), repair=False)
+            self.engine = Engine.open(root / "store", ecfg)
+            faulty = self.engine.wrap_tier(tier.name, lambda t: FaultyTier(t))
+            assert isinstance(faulty, FaultyTier)
+            self.tier = faulty
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        else:
+            self.tier.close()
+
+    def run(self, trial: int, seed: int, conditional: bool) -> TrialResult:
+        cfg, spec, model = self.cfg, self.spec, self.model
+        rng = np.random.default_rng(seed)
+        self.tier.rng = np.random.default_rng(rng.integers(1 << 63))
+        dtype = numpy_dtype(cfg.dtype)
+        shape = (1, 2, cfg.chunk_tokens, cfg.kv_heads, cfg.head_dim)
+        fp = spec.fingerprint()
+        items = []
+        for _ in range(cfg.blocks):
+            tokens = rng.integers(0, 1 << 31, cfg.chunk_tokens)
+            kv = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+            key = block_key(chunk_keys(as_token_array(tokens), fp, cfg.chunk_tokens)[0], 0)
+            items.append((tokens, kv, key))
+        if self.engine is not None:
+            for tokens, kv, _ in items:
+                self.engine.put(tokens, kv, model=spec)
+        else:
+            self.tier.put_many([(key, kv.view(np.uint8).reshape(-1)) for _, kv, key in items])
+        outcomes: list[str] = []
+        faults: list[dict[str, Any]] = []
+        corrected_total = 0
+        for tokens, kv, key in items:
+            nbytes = len(self.tier.inner.get(key) or b"")
+            pattern = (model.sample_given_error(nbytes, cfg.hours, rng) if conditional
+                       else model.sample(nbytes, cfg.hours, rng))
+            inj = self.tier.inject(key, pattern)
+            outcome, corrected = self._read(tokens, kv, key, inj.empty)
+            faults.append({"outcome": outcome, "bytes": nbytes, "flips": int(inj.flips.size),
+                           "erasures": [list(e) for e in inj.erasures], "lost": inj.lost,
+                           "corrected": corrected})
+            outcomes.append(outcome)
+            corrected_total += corrected
+        if self.engine is not None:
+            self.engine.clear()
+        else:
+            self.tier.clear()
+        return TrialResult(trial, seed, outcomes, faults, corrected_total)
+
+    def _read(self, tokens: np.ndarray, kv: np.ndarray, key: bytes, clean: bool
+              ) -> tuple[str, int]:
+        if self.engine is None:
+            # What a peer does: read the bytes back, trust them unless the medium complains.
+            lost = key in self.tier.lost
+            inj = self.tier.log[-1]
+            if lost or inj.erasures:
+                return "due", 0
+            data = self.tier.get(key)
+            if data is None:
+                return "due", 0
+            if data == kv.view(np.uint8).tobytes():
+                return ("clean" if clean else "masked"), 0
+            return "sdc", 0
+        got = self.engine.get(tokens, model=self.spec)
+        if got.n_tokens != len(tokens):
+            return "due", 0
+        if not np.array_equal(got.kv.view(np.uint8), kv.view(np.uint8)):
+            return "sdc", 0
+        st = got.blocks[0]
+        if st.status == "corrected":
+            return "corrected", st.corrected
+        return ("clean" if clean else "masked"), 0
+
+
+def _worker(cfg_dict: dict[str, Any], trials: list[tuple[int, int]], conditional: bool
+            ) -> list[dict[str, Any]]:
+    cfg = CampaignConfig.from_dict(cfg_dict)
+    root = Path(tempfile.mkdtemp(prefix="rkv-campaign-"))
+    bench = _Bench(cfg, root)
+    try:
+        return [bench.run(t, s, conditional).row() for t, s in trials]
+    finally:
+        bench.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _batches(items: list[tuple[int, int]], size: int) -> Iterator[list[tuple[int, int]]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | None = None
+                 ) -> Summary:
+    """Run ``cfg.trials`` trials (over ``cfg.workers`` processes) and summarize them."""
+    model = cfg.model()
+    protection = cfg.effective_protection()
+    prediction = predict(protection, cfg.data_bytes, model, cfg.hours)
+    record = prediction.record_bytes
+    p_any = float(model.p_any_error(record, cfg.hours))
+    sampling = cfg.sampling
+    if sampling == "auto":
+        sampling = "conditional" if p_any < 1e-3 else "direct"
+    conditional = sampling == "conditional"
+    trials = [(i, cfg.trial_seed(i)) for i in range(cfg.trials)]
+    rows_out = open(cfg.rows, "w", encoding="utf-8") if cfg.rows else None  # noqa: SIM115
+    counts: Counter[str] = Counter()
+    done = 0
+    t0 = time.perf_counter()
+    cfg_dict = cfg.to_dict()
+
+    def consume(rows: list[dict[str, Any]]) -> None:
+        nonlocal done
+        for row in rows:
+            for o in OUTCOMES:
+                counts[o] += row[o]
+            if rows_out is not None:
+                rows_out.write(json.dumps(row) + "\n")
+        done += len(rows)
+        if progress is not None:
+            progress(done, cfg.trials)
+
+    try:
+        batch = max(1, min(50, cfg.trials // (4 * cfg.workers) or 1))
+        if cfg.workers == 1:
+            root = Path(tempfile.mkdtemp(prefix="rkv-campaign-"))
+            bench = _Bench(cfg, root)
+            try:
+                for chunk in _batches(trials, batch):
+                    consume([bench.run(t, s, conditional).row() for t, s in chunk])
+            finally:
+                bench.close()
+                shutil.rmtree(root, ignore_errors=True)
+        else:
+            import multiprocessing as mp
+
+            with ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn")) as pool:
+                futs = [pool.submit(_worker, cfg_dict, chunk, conditional)
+                        for chunk in _batches(trials, batch)]
+                for fut in as_completed(futs):
+                    consume(fut.result())
+    finally:
+        if rows_out is not None:
+            rows_out.close()
+    seconds = time.perf_counter() - t0
+    blocks = cfg.trials * cfg.blocks
+    scale = p_any if conditional else 1.0
+    rates = {}
+    for o in OUTCOMES:
+        lo, hi = wilson(counts[o], blocks)
+        rates[o] = (scale * counts[o] / blocks, scale * lo, scale * hi)
+    if conditional:
+        # Conditioned on a fault, "clean" means nothing: every block had one.
+        rates["clean"] = (1 - p_any, 1 - p_any, 1 - p_any)
+    return Summary(cfg_dict, protection, sampling, cfg.trials, blocks,
+                   {o: counts[o] for o in OUTCOMES}, p_any, rates, prediction, seconds)
+
+
+def replay_trial(cfg: CampaignConfig, trial: int, seed: int | None = None) -> dict[str, Any]:
+    """Run one trial again (same seed, same patterns, same outcome) and return its row."""
+    model = cfg.model()
+    prediction = predict(cfg.effective_protection(), cfg.data_bytes, model, cfg.hours)
+    conditional = cfg.sampling == "conditional" or (
+        cfg.sampling == "auto" and model.p_any_error(prediction.record_bytes, cfg.hours) < 1e-3)
+    return _worker(cfg.to_dict(), [(trial, cfg.trial_seed(trial) if seed is None else seed)],
+                   conditional)[0]
+
+
+def format_summary(s: Summary) -> str:
+    """The human table: counts and per-block rates with 95 % intervals next to the analytic
+    prediction."""
+    p = s.prediction
+    analytic = {"clean": 1 - p.p_error, "masked": None, "corrected": p.p_corrected,
+                "due": p.p_due, "sdc": p.p_sdc}
+    cfg = s.config
+    lines = [
+        f"campaign: tier {cfg['tier']}, fault model {cfg['fault_model'] or '(tier default)'}, "
+        f"protection {s.protection}, {cfg['hours']} h, {s.trials} trials x {cfg['blocks']} "
+        f"blocks of {cfg['chunk_tokens'] * cfg['kv_heads'] * cfg['head_dim'] * 2 * 2 // 1024}"
+        f" KiB, {s.sampling} sampling",
+        f"P(any fault per {p.record_bytes}-byte record) = {s.p_any_error:.3g}",
+        "",
+        f"{'outcome':<10} {'count':>8} {'rate/block':>11} {'95% CI':>23} {'analytic':>11}",
+    ]
+    for o in OUTCOMES:
+        r, lo, hi = s.rates[o]
+        a = analytic[o]
+        a_txt = "-" if a is None else f"{a:.3g}"
+        lines.append(f"{o:<10} {s.counts[o]:>8} {r:>11.3g} [{lo:>9.3g}, {hi:>9.3g}] "
+                     f"{a_txt:>11}")
+    lines.append("")
+    lines.append(f"without the end-to-end checksum, analytic SDC would be "
+                 f"{p.p_sdc_unchecked:.3g} per block")
+    lines.append(f"{s.blocks} blocks in {s.seconds:.1f} s "
+                 f"({s.blocks / s.seconds if s.seconds else 0:.0f} blocks/s)")
+    return "\n".join(lines)
+
+
+def stderr_progress(done: int, total: int) -> None:
+    if sys.stderr.isatty() or os.environ.get("RKV_PROGRESS"):
+        end = "\n" if done == total else ""
+        print(f"\rtrial {done}/{total}", end=end, file=sys.stderr, flush=True)

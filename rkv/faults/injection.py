@@ -1,0 +1,137 @@
+"""A tier wrapper that corrupts records as a fault model says, with the ground truth kept.
+
+Injection acts on whole records at the tier boundary (never inside LMDB's own pages), the way
+media and link errors reach a reader:
+
+* **persistent** patterns change what is stored (media errors): :meth:`FaultyTier.inject`
+  rewrites the record with the pattern applied;
+* **transient** patterns corrupt one read only (link errors): the wrapper's reader returns a
+  corrupted copy and leaves the stored record alone.
+
+Every pattern is drawn from a generator seeded by the caller, and every injection is recorded
+(:attr:`FaultyTier.log`), so a campaign knows exactly which bits changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rkv.tiers.base import Tier, TierReader
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What was done to one record."""
+
+    key: bytes
+    nbytes: int
+    flips: np.ndarray                 # bit offsets into the record
+    erasures: tuple[tuple[int, int, str], ...]
+    lost: bool
+    transient: bool
+
+    @property
+    def empty(self) -> bool:
+        return not (self.flips.size or self.erasures or self.lost)
+
+
+class _FaultyReader:
+    def __init__(self, inner: TierReader, owner: FaultyTier) -> None:
+        self._inner = inner
+        self._owner = owner
+
+    def get(self, key: bytes) -> memoryview | None:
+        rec = self._inner.get(key)
+        if rec is None or key in self._owner.lost:
+            return None
+        transient = self._owner.next_transient(key, memoryview(rec).nbytes)
+        if transient is None:
+            return rec
+        buf = np.frombuffer(rec, dtype=np.uint8).copy()
+        transient.apply(buf, self._owner.rng)
+        return buf.data
+
+
+class FaultyTier(Tier):
+    """Wraps a tier; corrupts its records persistently or on read, reproducibly.
+
+    ``transient`` is a callable ``(key, nbytes) -> ErrorPattern | None`` consulted on every
+    read (None: the read is clean); persistent patterns are applied with :meth:`inject`.
+    """
+
+    def __init__(self, inner: Tier, *, seed: int = 0,
+                 transient: Callable[[bytes, int], Any] | None = None) -> None:
+        self.inner = inner
+        self.config = inner.config
+        self.rng = np.random.default_rng(seed)
+        self._transient = transient
+        self.lost: set[bytes] = set()
+        self.log: list[Injection] = []
+
+    # -- injection ----------------------------------------------------------------------------
+    def inject(self, key: bytes, pattern: Any) -> Injection:
+        """Apply ``pattern`` to the stored record ``key`` (persistently) and record it."""
+        rec = self.inner.get(key)
+        if rec is None:
+            raise KeyError(f"no record {key.hex()} in tier {self.name}")
+        inj = Injection(key, len(rec), np.asarray(pattern.flips, dtype=np.int64),
+                        tuple(pattern.erasures), bool(pattern.lost), False)
+        if pattern.lost:
+            self.lost.add(key)
+        elif not inj.empty:
+            buf = np.frombuffer(rec, dtype=np.uint8).copy()
+            pattern.apply(buf, self.rng)
+            self.inner.put(key, buf)
+        self.log.append(inj)
+        return inj
+
+    def next_transient(self, key: bytes, nbytes: int) -> Any:
+        if self._transient is None:
+            return None
+        pattern = self._transient(key, nbytes)
+        if pattern is None or pattern.is_empty:
+            return None
+        self.log.append(Injection(key, nbytes, np.asarray(pattern.flips, dtype=np.int64),
+                                  tuple(pattern.erasures), bool(pattern.lost), True))
+        return pattern
+
+    # -- the Tier interface, delegated --------------------------------------------------------
+    @property
+    def store_id(self) -> str:
+        return self.inner.store_id
+
+    @contextmanager
+    def _reader(self) -> Iterator[_FaultyReader]:
+        with self.inner.reader() as r:
+            yield _FaultyReader(r, self)
+
+    def reader(self) -> AbstractContextManager[TierReader]:
+        return self._reader()
+
+    def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
+        self.inner.put_many(items, reserve=reserve)
+        for k, _ in items:
+            self.lost.discard(k)
+
+    def delete_many(self, keys: Any) -> int:
+        keys = list(keys)
+        self.lost.difference_update(keys)
+        return self.inner.delete_many(keys)
+
+    def iter_keys(self) -> Iterator[bytes]:
+        return self.inner.iter_keys()
+
+    def clear(self) -> None:
+        self.lost.clear()
+        self.inner.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.inner.stats(), "injections": len(self.log)}
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,270 @@
+"""Analytic reliability of one stored block: P(corrected), P(DUE), P(SDC).
+
+For a protection (a codec spec, ``"none"`` for rkv's end-to-end checksum alone, or ``"raw"``
+for what peers store: the bare data with no header and no checksum), a block of ``data_bytes``,
+a fault model and a residency time, :func:`predict` combines
+
+* the model's independent background bit errors (its ``"bit"`` event class) through the exact
+  binomial tail per decoding unit (Reed-Solomon codeword, BCH chunk, shard), computed in log
+  space so that probabilities down to 1e-300 stay accurate;
+* every clustered event class (word, row, burst, sector, poison, region, ...) as a Poisson
+  process whose single event either stays within the code's capability for every unit it
+  touches (corrected) or does not (detected uncorrectable). Interleaving spreads a burst over
+  ``I`` codewords; a shard code loses the shards an event touches.
+
+Approximations (stated so that a campaign can check them): combinations of several
+individually correctable events in one unit are ignored (second order in the event rate); a
+shard code fails only if more than ``m`` shards fail their checksums *and* some byte column
+holds more than ``m // 2`` errors, and the smaller of the two probabilities is used (an upper
+bound); the record's header is lost only if all three copies are hit and a byte position is
+wrong in two of them (for background bits), or if one event spans the whole record.
+
+SDC: rkv checks every block against an xxh3_128 of its data, so a wrong block can only pass if
+the decoder miscorrects *and* the checksum collides: ``p_sdc <= p_due * 2**-128``.
+``p_sdc_unchecked`` is what the decoder alone would return wrong (no end-to-end checksum), the
+risk of systems that trust their ECC, and for ``raw`` it is every undetected error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rkv.blockcodec import codec_for, record_size
+from rkv.ecc.shardrs import ShardRSCodec
+from rkv.errors import ConfigError
+from rkv.record import RecordHeader
+
+#: Collision probability of the end-to-end checksum (xxh3_128) for a wrong block.
+CHECKSUM_MISS = 2.0 ** -128
+RAW = "raw"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Per-block outcome probabilities for one residency."""
+
+    protection: str
+    record_bytes: int
+    p_error: float            # any fault touched the stored bytes
+    p_corrected: float        # faults, all within capability: exact data back
+    p_due: float              # detected, uncorrectable (a recompute)
+    p_sdc: float              # wrong data returned without complaint
+    p_sdc_unchecked: float    # ... if there were no end-to-end checksum
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    kind: str            # detect | rs | bch | shard | raw
+    units: int           # independent decoding units
+    unit_symbols: int    # symbols per unit (codeword length incl. parity)
+    t: int               # symbols corrected per unit
+    symbol_bits: int
+    group: int           # data bytes one unit spans before the layout repeats (k * I)
+    interleave: int
+    shard_bytes: int = 0
+    miss: float = 1.0    # P(a failing unit goes undetected by the code alone)
+    last_symbols: int = 0  # length of a shortened last unit (0: all units full)
+
+
+def _log_binom_tail(n: int, q: float, t: int) -> float:
+    """log P(Binomial(n, q) > t), accurate for tiny q."""
+    if q <= 0.0 or t >= n:
+        return -math.inf
+    if q >= 1.0:
+        return 0.0
+    j = np.arange(t + 1, n + 1, dtype=np.float64)
+    lg = np.vectorize(math.lgamma)
+    terms = (math.lgamma(n + 1) - lg(j + 1) - lg(n - j + 1)
+             + j * math.log(q) + (n - j) * math.log1p(-q))
+    top = float(terms.max())
+    return top + math.log(float(np.exp(terms - top).sum()))
+
+
+def _log_unit_ok(symbols: int, q: float, t: int) -> float:
+    """log P(a unit of ``symbols`` symbols with symbol error probability q decodes)."""
+    lt = _log_binom_tail(symbols, q, t)
+    fail = math.exp(lt) if lt > -700 else 0.0
+    return math.log1p(-min(fail, 1.0 - 1e-300))
+
+
+def _geometry(protection: str, data_bytes: int) -> _Geometry:
+    if protection == RAW:
+        return _Geometry("raw", 1, data_bytes, 0, 8, data_bytes, 1)
+    codec = codec_for(protection)
+    if codec is None or codec.codec_id in ("xxh3", "crc32c", "none"):
+        miss = {"xxh3": 2.0 ** -64, "crc32c": 2.0 ** -32}.get(
+            codec.codec_id if codec else "none", 1.0)
+        return _Geometry("detect", 1, data_bytes, 0, 8, data_bytes, 1, miss=miss)
+    cfg = codec.get_config()
+    if codec.codec_id == "rs":
+        n, k, inter = int(cfg["n"]), int(cfg["k"]), int(cfg.get("interleave", 1))
+        units = max(1, -(-data_bytes // k))
+        t = (n - k) // 2
+        miss = math.exp(_log_ball(n, t, 255) - 8 * (n - k) * math.log(2))
+        # Without interleaving the last codeword is shortened to the remaining bytes; with it
+        # the last group's codewords are shorter too (counted as full: slightly pessimistic).
+        rem = data_bytes % k if inter == 1 else 0
+        return _Geometry("rs", units, n, t, 8, k * inter, inter, miss=min(1.0, miss),
+                         last_symbols=rem + (n - k) if rem else 0)
+    if codec.codec_id == "bch":
+        m, t = int(cfg["m"]), int(cfg["t"])
+        chunk = int(cfg.get("chunk_bytes") or _bch_chunk(codec))
+        units = max(1, -(-data_bytes // chunk))
+        nbits = chunk * 8 + m * t
+        miss = math.exp(_log_ball(nbits, t, 1) - m * t * math.log(2))
+        rem = data_bytes % chunk
+        return _Geometry("bch", units, nbits, t, 1, chunk, 1, miss=min(1.0, miss),
+                         last_symbols=rem * 8 + m * t if rem else 0)
+    if isinstance(codec, ShardRSCodec):
+        k, m = int(cfg["k"]), int(cfg["m"])
+        shard = int(codec.shard_size(data_bytes))
+        return _Geometry("shard", 1, k + m, m, 8 * shard, data_bytes, 1, shard_bytes=shard,
+                         miss=2.0 ** -64)
+    raise ConfigError(f"no reliability model for codec {codec.spec}")
+
+
+def _bch_chunk(codec: Any) -> int:
+    for name in ("chunk_bytes", "chunk"):
+        v = getattr(codec, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    raise ConfigError(f"cannot tell the chunk size of {codec.spec}")
+
+
+def _log_ball(n: int, t: int, q_minus_1: int) -> float:
+    """log of the number of words within Hamming distance t (sum C(n,i) (q-1)^i)."""
+    log_q1 = math.log(q_minus_1)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_q1
+             for i in range(t + 1)]
+    top = max(terms)
+    return top + math.log(sum(math.exp(x - top) for x in terms))
+
+
+def _event_fatal(g: _Geometry, footprint: float, bits: float) -> bool:
+    """Does one event of this footprint (bytes) and wrong-bit count defeat the code?"""
+    if g.kind in ("detect", "raw"):
+        return True
+    span = max(1.0, footprint)
+    wrong = max(1.0, min(bits, 8 * span))
+    if g.kind == "shard":
+        touched = min(g.units * g.unit_symbols, math.ceil(span / g.shard_bytes) + (span > 1))
+        return min(touched, wrong) > g.t
+    if g.kind == "rs":
+        wrong_bytes = min(wrong, span)
+        if span <= g.group:
+            per_unit = math.ceil(wrong_bytes / min(g.interleave, span))
+        else:
+            per_unit = math.ceil(wrong_bytes * g.group / span / g.interleave)
+        return per_unit > g.t
+    # bch: bits per chunk
+    per_chunk = wrong if span <= g.group else wrong * g.group / span
+    return per_chunk > g.t
+
+
+def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
+    return list(model.events(nbytes, hours))
+
+
+def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Prediction:
+    """Outcome probabilities for one block stored under ``protection`` for ``hours``."""
+    if data_bytes <= 0:
+        raise ConfigError("data_bytes must be positive")
+    g = _geometry(protection, data_bytes)
+    if g.kind == "raw":
+        record, payload, header_copy = data_bytes, data_bytes, 0
+    else:
+        codec = codec_for(protection)
+        header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
+                              shape=(2, 1, 1, 1), dtype="float16",
+                              data_len=0, payload_len=0)
+        record = record_size(header, data_bytes, codec)
+        payload = codec.encoded_size(data_bytes) if codec is not None else data_bytes
+        header_copy = (record - payload - 24) // 3
+    p_error = float(model.p_any_error(record, hours))
+    log_ok = 0.0          # log P(no fatal event and background within capability)
+    log_undetected = 0.0  # raw: log P(no undetected error)
+    p_bit = 0.0
+    for ev in _events(model, record, hours):
+        kind = str(getattr(ev, "kind", "bit"))
+        mean = float(getattr(ev, "mean", 0.0))
+        if mean <= 0:
+            continue
+        if kind == "bit":
+            p_bit += mean / (8 * record)
+            continue
+        footprint = float(getattr(ev, "footprint_bytes", 1) or 1)
+        bits = float(getattr(ev, "bits_per_event", 1) or 1)
+        detected = bool(getattr(ev, "detected", False))
+        lost = kind == "region"
+        if g.kind == "raw":
+            if lost or detected:
+                log_ok -= mean
+            else:
+                log_undetected -= mean
+            continue
+        # An event is fatal when it defeats the payload's code where it lands, or when it
+        # spans the whole record (the header's third copy trails the payload, so one event
+        # cannot take all copies unless it covers both ends).
+        if lost or footprint >= payload:
+            log_ok -= mean
+        elif _event_fatal(g, footprint, bits):
+            log_ok -= mean * min(1.0, (payload + footprint) / record)
+    # Background independent bit errors, exactly per decoding unit.
+    if p_bit > 0:
+        if g.kind == "raw":
+            log_undetected += 8 * payload * math.log1p(-p_bit)
+        else:
+            if g.kind == "bch":
+                q = p_bit
+            elif g.kind == "shard":
+                q = -math.expm1(g.symbol_bits * math.log1p(-p_bit))
+            else:
+                q = -math.expm1(8 * math.log1p(-p_bit))
+            if g.kind == "detect":
+                log_ok += 8 * payload * math.log1p(-p_bit)
+            elif g.kind == "shard":
+                # Both are needed to lose the block: more than m shards fail their checksums
+                # (else they are rebuilt as erasures) and some byte column holds more than
+                # m // 2 errors (else column decoding fixes them). min() of the two bounds.
+                lt_sh = _log_binom_tail(g.unit_symbols, q, g.t)
+                qb = -math.expm1(8 * math.log1p(-p_bit))
+                lt_col = _log_binom_tail(g.unit_symbols, qb, g.t // 2)
+                col_fail = -math.expm1(g.shard_bytes * math.log1p(-min(math.exp(lt_col),
+                                                                        1 - 1e-300)))
+                fail = min(math.exp(lt_sh), col_fail)
+                log_ok += math.log1p(-min(fail, 1.0 - 1e-300))
+            else:
+                full = g.units - (1 if g.last_symbols else 0)
+                log_ok += full * _log_unit_ok(g.unit_symbols, q, g.t)
+                if g.last_symbols:
+                    log_ok += _log_unit_ok(g.last_symbols, q, g.t)
+            if header_copy:
+                # The header is lost only if no copy is intact and some byte position is
+                # wrong in two copies or more (the bytewise vote then fails).
+                qh = -math.expm1(8 * header_copy * math.log1p(-p_bit))
+                qb = -math.expm1(8 * math.log1p(-p_bit))
+                pos = -math.expm1(header_copy * math.log1p(-min(3 * qb * qb, 1.0)))
+                # P(no intact copy) x P(a position is wrong twice | every copy has errors).
+                fail = qh ** 3 * min(1.0, pos / (qh * qh)) if qh > 0 else 0.0
+                log_ok += math.log1p(-min(fail, 1.0 - 1e-300))
+    if g.kind == "raw":
+        p_due = -math.expm1(log_ok)
+        p_sdc = -math.expm1(log_undetected) * (1 - p_due)
+        p_corrected = 0.0
+        unchecked = p_sdc
+    else:
+        # Whatever is not fatal is corrected: by the code, or by the header vote for faults
+        # that only touch one header copy.
+        p_due = min(p_error, -math.expm1(log_ok))
+        p_sdc = p_due * CHECKSUM_MISS
+        p_corrected = max(0.0, p_error - p_due)
+        unchecked = p_due * g.miss
+    return Prediction(protection, record, *(v if v > 0 else 0.0 for v in (
+        p_error, p_corrected, p_due, p_sdc, unchecked)))
