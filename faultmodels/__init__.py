@@ -1,4 +1,75 @@
-"""Per-tier bit-error models: probabilities and error-pattern samplers.
+"""Per-tier bit-error models: probabilities and error-pattern samplers for rkv.
 
-Depends on numpy only and never imports rkv. The DRAM, CXL and NVMe presets land here.
+Depends on numpy only (plus the standard library) and never imports rkv.
+
+```python
+import numpy as np
+import faultmodels as fm
+
+model = fm.get_model("nvme-tlc")                 # or "dram-ddr4", "dram-ddr5", "cxl", "raw-ber"
+model = fm.get_model({"preset": "nvme-tlc", "pe_cycles": 1000})
+model.p_any_error(1 << 20, hours=24.0)            # P(a 1 MiB buffer reads back with any error)
+model.bit_error_prob(24.0)                        # marginal per-bit probability
+model.events(1 << 20, 24.0)                       # the Poisson event classes (EventRate)
+pat = model.sample(1 << 20, 24.0, np.random.default_rng(0))          # ErrorPattern
+pat = model.sample_given_error(1 << 20, 24.0, np.random.default_rng(0))
+pat.apply(buf, rng)                               # flip bits / fill erasures in a uint8 array
+```
+
+Models: `raw-ber` (`RawBerModel`), `dram` (`DramModel`), `cxl` (`CxlModel`), `nand`
+(`NandModel`). Presets are TOML files in ``faultmodels/presets`` (`list_presets`,
+`load_preset`); `load(path)` reads a user's copy. See ``docs/faultmodels/``.
 """
+
+from __future__ import annotations
+
+from .base import (
+    ERASURE_KINDS,
+    EVENT_KINDS,
+    ErrorPattern,
+    EventRate,
+    FaultModel,
+)
+from .cxl import CxlModel
+from .dram import MODE_NAMES, SC12_FIT, DramMode, DramModel
+from .errors import FaultModelError
+from .nand import NandModel
+from .rawber import RawBerModel
+from .registry import (
+    dump,
+    get_model,
+    list_presets,
+    load,
+    load_preset,
+    model_class,
+    model_names,
+    register_model,
+)
+
+for _cls in (RawBerModel, DramModel, CxlModel, NandModel):
+    register_model(_cls)
+del _cls
+
+__all__ = [
+    "ERASURE_KINDS",
+    "EVENT_KINDS",
+    "MODE_NAMES",
+    "SC12_FIT",
+    "CxlModel",
+    "DramMode",
+    "DramModel",
+    "ErrorPattern",
+    "EventRate",
+    "FaultModel",
+    "FaultModelError",
+    "NandModel",
+    "RawBerModel",
+    "dump",
+    "get_model",
+    "list_presets",
+    "load",
+    "load_preset",
+    "model_class",
+    "model_names",
+    "register_model",
+]
