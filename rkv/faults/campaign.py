@@ -44,7 +44,7 @@ import numpy as np
 from rkv.config import EngineConfig, TierConfig, default_tiers
 from rkv.engine import Engine
 from rkv.errors import ConfigError
-from rkv.faults.injection import FaultyTier
+from rkv.faults.injection import FaultyTier, Injection
 from rkv.faults.reliability import RAW, Prediction, predict
 from rkv.keys import as_token_array, block_key, chunk_keys
 from rkv.model import ModelSpec
@@ -276,8 +276,14 @@ class _Bench:
             nbytes = len(self.tier.inner.get(key) or b"")
             pattern = (model.sample_given_error(nbytes, cfg.hours, rng) if conditional
                        else model.sample(nbytes, cfg.hours, rng))
-            inj = self.tier.inject(key, pattern)
-            outcome, corrected = self._read(tokens, kv, key, inj.empty)
+            if pattern.transient and not pattern.is_empty:
+                # A link error corrupts this read only; the stored record stays intact.
+                self.tier.inject_transient(key, pattern)   # logged when the read applies it
+                inj = Injection(key, nbytes, np.asarray(pattern.flips, dtype=np.int64),
+                                tuple(pattern.erasures), False, True)
+            else:
+                inj = self.tier.inject(key, pattern)
+            outcome, corrected = self._read(tokens, kv, key, inj.empty, bool(inj.erasures))
             faults.append({"outcome": outcome, "bytes": nbytes, "flips": int(inj.flips.size),
                            "erasures": [list(e) for e in inj.erasures], "lost": inj.lost,
                            "corrected": corrected})
@@ -289,15 +295,15 @@ class _Bench:
             self.tier.clear()
         return TrialResult(trial, seed, outcomes, faults, corrected_total)
 
-    def _read(self, tokens: np.ndarray, kv: np.ndarray, key: bytes, clean: bool
-              ) -> tuple[str, int]:
+    def _read(self, tokens: np.ndarray, kv: np.ndarray, key: bytes, clean: bool,
+              erased: bool) -> tuple[str, int]:
         if self.engine is None:
             # What a peer does: read the bytes back, trust them unless the medium complains.
-            lost = key in self.tier.lost
-            inj = self.tier.log[-1]
-            if lost or inj.erasures:
+            if key in self.tier.lost or erased:
                 return "due", 0
-            data = self.tier.get(key)
+            with self.tier.reader() as r:
+                view = r.get(key)
+                data = None if view is None else bytes(view)
             if data is None:
                 return "due", 0
             if data == kv.view(np.uint8).tobytes():

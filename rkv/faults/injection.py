@@ -70,6 +70,7 @@ class FaultyTier(Tier):
         self.config = inner.config
         self.rng = np.random.default_rng(seed)
         self._transient = transient
+        self._one_shot: dict[bytes, Any] = {}
         self.lost: set[bytes] = set()
         self.log: list[Injection] = []
 
@@ -90,10 +91,14 @@ class FaultyTier(Tier):
         self.log.append(inj)
         return inj
 
+    def inject_transient(self, key: bytes, pattern: Any) -> None:
+        """Corrupt the next read of ``key`` only (a link error); the store is unchanged."""
+        self._one_shot[key] = pattern
+
     def next_transient(self, key: bytes, nbytes: int) -> Any:
-        if self._transient is None:
-            return None
-        pattern = self._transient(key, nbytes)
+        pattern = self._one_shot.pop(key, None)
+        if pattern is None and self._transient is not None:
+            pattern = self._transient(key, nbytes)
         if pattern is None or pattern.is_empty:
             return None
         self.log.append(Injection(key, nbytes, np.asarray(pattern.flips, dtype=np.int64),
@@ -128,6 +133,7 @@ class FaultyTier(Tier):
 
     def clear(self) -> None:
         self.lost.clear()
+        self._one_shot.clear()
         self.inner.clear()
 
     def stats(self) -> dict[str, Any]:
