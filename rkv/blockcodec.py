@@ -36,8 +36,12 @@ from rkv.record import (
     encode_record,
 )
 
+# Quantizer configs and ECC configs share the record's codec list: the quantizer comes first
+# (array -> bytes), the ECC second (bytes -> bytes).
+
 if TYPE_CHECKING:
     from rkv.ecc.base import Codec
+    from rkv.quant import Quantizer
 
 NO_ECC = "none"
 
@@ -52,90 +56,137 @@ def codec_for(spec: str) -> Codec | None:
     return get_codec(spec)
 
 
-@lru_cache(maxsize=256)
-def _codec_from_json(text: str) -> Codec:
-    from rkv.ecc import get_codec
+@lru_cache(maxsize=64)
+def quantizer_for(spec: str) -> Quantizer | None:
+    """The quantizer for a tier's ``quant`` spec; None for ``"none"`` (values as stored)."""
+    if spec.strip().lower() in (NO_ECC, "fp16", "16"):
+        return None
+    from rkv.quant import get_quantizer
 
+    q = get_quantizer(spec)
+    return None if q.bits >= 16 else q
+
+
+@lru_cache(maxsize=256)
+def _stage_from_json(text: str) -> tuple[str, Any]:
+    cfg = json.loads(text)
+    cid = str(cfg.get("id", ""))
     try:
-        return get_codec(json.loads(text))
-    except ConfigError as exc:
+        from rkv.ecc import available_codecs, get_codec
+
+        if cid in available_codecs():
+            return "ecc", get_codec(cfg)
+        from rkv.quant import get_quantizer
+
+        return "quant", get_quantizer(cfg)
+    except (ConfigError, ImportError) as exc:
         raise UnknownFormatError(f"record uses a codec this build cannot decode: {exc}") from exc
 
 
+def header_stages(header: RecordHeader) -> tuple[Quantizer | None, Codec | None]:
+    """(quantizer, ECC) a record was written with: at most one of each, quantizer first."""
+    quant: Any = None
+    ecc: Any = None
+    for i, cfg in enumerate(header.codecs):
+        kind, stage = _stage_from_json(json.dumps(cfg, sort_keys=True))
+        if kind == "quant" and i == 0 and quant is None:
+            quant = stage
+        elif kind == "ecc" and ecc is None:
+            ecc = stage
+        else:
+            raise UnknownFormatError(f"record codec list {list(header.codecs)} is not valid")
+    return quant, ecc
+
+
 def header_codec(header: RecordHeader) -> Codec | None:
-    """The codec a record was written with (v1 records carry at most one)."""
-    if not header.codecs:
-        return None
-    if len(header.codecs) != 1:
-        raise UnknownFormatError(f"record lists {len(header.codecs)} codecs; v1 supports one")
-    return _codec_from_json(json.dumps(header.codecs[0], sort_keys=True))
+    """The ECC a record was written with (None: raw payload)."""
+    return header_stages(header)[1]
 
 
-def record_size(header: RecordHeader, nbytes: int, codec: Codec | None) -> int:
-    """Bytes of the record :func:`encode_block` makes for ``nbytes`` of data."""
-    if codec is None:
-        return array_record_size(header, nbytes)
-    plen = codec.encoded_size(nbytes)
-    return array_record_size(replace(header, codecs=(codec.get_config(),)), plen)
+def _configs(quant: Quantizer | None, codec: Codec | None) -> tuple[dict[str, Any], ...]:
+    return tuple(s.get_config() for s in (quant, codec) if s is not None)
+
+
+def record_size(header: RecordHeader, nbytes: int, codec: Codec | None,
+                quant: Quantizer | None = None) -> int:
+    """Bytes of the record :func:`encode_block` makes for a block of ``nbytes``."""
+    if quant is not None:
+        nbytes = quant.encoded_size(header.shape, header.dtype)
+    plen = codec.encoded_size(nbytes) if codec is not None else nbytes
+    return array_record_size(replace(header, codecs=_configs(quant, codec)), plen)
 
 
 def encode_block(header: RecordHeader, data: np.ndarray, codec: Codec | None,
-                 alloc: Callable[[int], np.ndarray] | None = None) -> Any:
-    """The record of one block: raw (``codec`` None) or ECC-protected."""
-    if codec is None:
+                 alloc: Callable[[int], np.ndarray] | None = None,
+                 quant: Quantizer | None = None) -> Any:
+    """The record of one block: values quantized (``quant``) or as they are, then protected
+    by ``codec`` or stored raw. The checksum covers the bytes before the ECC."""
+    if codec is None and quant is None:
         return encode_array_record(header, data, alloc)
-    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-    payload = codec.encode(raw)
-    final = replace(header, data_len=raw.nbytes, payload_len=len(payload),
-                    checksum=data_checksum(raw), codecs=(codec.get_config(),))
+    if quant is not None:
+        raw = np.frombuffer(quant.encode(np.ascontiguousarray(data)), dtype=np.uint8)
+    else:
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    return _encode_data(header, raw, quant, codec)
+
+
+def _encode_data(header: RecordHeader, raw: np.ndarray, quant: Quantizer | None,
+                 codec: Codec | None) -> Any:
+    payload: Any = codec.encode(raw) if codec is not None else raw
+    final = replace(header, data_len=raw.nbytes, payload_len=memoryview(payload).nbytes,
+                    checksum=data_checksum(raw), codecs=_configs(quant, codec))
     return encode_record(final, payload)
 
 
-def read_block(dec: DecodedRecord, dest: np.ndarray | None) -> int:
-    """Verify a decoded record's data and copy it into ``dest`` (when given).
-
-    Returns the number of symbols (RS) or bits (BCH) the ECC corrected. Raises
-    :class:`ChecksumError`, :class:`UncorrectableError` or another IntegrityError.
-    """
+def _verified_data(dec: DecodedRecord, codec: Codec | None) -> tuple[Any, int]:
+    """The block's data bytes (before any ECC), verified, and the symbols corrected."""
     h = dec.header
-    codec = header_codec(h)
     if codec is None:
         if h.data_len != h.payload_len:
             raise CorruptRecordError("record lengths are inconsistent")
-        # Verify before copying: a caller's buffer never receives unverified data.
         if data_checksum(dec.payload) != h.checksum:
             raise ChecksumError("block data does not match its end-to-end checksum")
-        if dest is not None:
-            dest[...] = np.frombuffer(dec.payload, dtype=dest.dtype).reshape(dest.shape)
-        return 0
+        return dec.payload, 0
     # Some layouts (shardrs) pad, so data_size(len) is an upper bound: compare the data's
     # actual length with the header's.
     fast = codec.systematic_data(dec.payload)
     if fast is not None and fast.size == h.data_len and data_checksum(fast) == h.checksum:
-        data: Any = fast
-        corrected = 0
-    else:
-        res = codec.decode(dec.payload)
-        if not res.ok:
-            raise UncorrectableError(f"{codec.spec}: {res.detail or 'uncorrectable'}")
-        if len(res.data) != h.data_len or data_checksum(res.data) != h.checksum:
-            raise ChecksumError(
-                f"{codec.spec} decoded to data that fails the end-to-end checksum "
-                "(errors beyond the code's capability)"
-            )
-        data = res.data
-        corrected = res.n_corrected
+        return fast, 0
+    res = codec.decode(dec.payload)
+    if not res.ok:
+        raise UncorrectableError(f"{codec.spec}: {res.detail or 'uncorrectable'}")
+    if len(res.data) != h.data_len or data_checksum(res.data) != h.checksum:
+        raise ChecksumError(
+            f"{codec.spec} decoded to data that fails the end-to-end checksum "
+            "(errors beyond the code's capability)"
+        )
+    return res.data, res.n_corrected
+
+
+def read_block(dec: DecodedRecord, dest: np.ndarray | None) -> int:
+    """Verify a decoded record's data and write the block's values into ``dest`` (when
+    given): verified before anything is copied, dequantized if it was quantized.
+
+    Returns the number of symbols (RS) or bits (BCH) the ECC corrected. Raises
+    :class:`ChecksumError`, :class:`UncorrectableError` or another IntegrityError.
+    """
+    quant, codec = header_stages(dec.header)
+    data, corrected = _verified_data(dec, codec)
     if dest is not None:
-        dest[...] = np.frombuffer(data, dtype=dest.dtype).reshape(dest.shape)
+        if quant is None:
+            dest[...] = np.frombuffer(data, dtype=dest.dtype).reshape(dest.shape)
+        else:
+            dest[...] = quant.decode(data, dec.header.shape, dec.header.dtype)
     return corrected
 
 
 def reencode(record: Any, dec: DecodedRecord, codec: Codec | None) -> Any:
-    """The same block re-encoded with ``codec`` (verified first; raises IntegrityError)."""
-    if header_codec(dec.header) == codec:
+    """The block re-encoded with ``codec`` (its quantization kept), from verified, corrected
+    data: used to move a block to a tier with another ECC and to repair it in place.
+    Raises IntegrityError when the block cannot be verified."""
+    quant, old = header_stages(dec.header)
+    data, corrected = _verified_data(dec, old)
+    if old == codec and not corrected and not dec.header_repairs:
         return record
-    h = dec.header
-    data = np.empty(h.data_len, dtype=np.uint8)
-    read_block(dec, data)
-    header = replace(h, codecs=(), checksum=bytes(16))
-    return encode_block(header, data, codec)
+    raw = np.frombuffer(bytes(data), dtype=np.uint8)
+    return _encode_data(replace(dec.header, checksum=bytes(16)), raw, quant, codec)

@@ -158,6 +158,60 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     return 0
 
 
+def quality_settings(bits: list[int], ber: float, ecc: str, group: int) -> list[tuple[str, Any]]:
+    """The rows of the quality table: (label, transform) pairs."""
+    from rkv.quality import RkvRoundTrip, cast_to, raw_flips
+
+    rows: list[tuple[str, Any]] = [("fp32 cache (reference)", None),
+                                   ("stored as fp16", cast_to("float16"))]
+    for b in bits:
+        if b >= 16:
+            rows.append(("rkv, 16+ bits (as computed)", RkvRoundTrip()))
+        else:
+            quant = f"kivi(bits={b},group={group})"
+            rows.append((f"rkv, kivi {b} bits", RkvRoundTrip(quant=quant)))
+    if ber > 0:
+        fm = {"model": "raw-ber", "ber": ber}
+        rows.append((f"raw storage, BER {ber:g} (peers)", raw_flips(ber)))
+        rows.append((f"rkv none, BER {ber:g}", RkvRoundTrip(fault_model=fm)))
+        rows.append((f"rkv {ecc}, BER {ber:g}", RkvRoundTrip(ecc=ecc, fault_model=fm)))
+        low = min((b for b in bits if b < 16), default=None)
+        if low is not None:
+            rows.append((f"rkv kivi {low} bits + {ecc}, BER {ber:g}",
+                         RkvRoundTrip(quant=f"kivi(bits={low},group={group})", ecc=ecc,
+                                      fault_model=fm)))
+    return rows
+
+
+def cmd_quality(args: argparse.Namespace) -> int:
+    from rkv.quality import evaluate, format_table, load_smollm2, text_windows
+
+    bits = [int(b) for b in str(args.bits).split(",") if b.strip()]
+    if any(b not in (2, 4, 8, 16, 32) for b in bits):
+        raise ConfigError(f"--bits takes values among 2, 4, 8, 16, got {args.bits!r}")
+    if not quiet_tty(args):
+        print("loading SmolLM2-135M-Instruct (Q4_1 weights, fp32 compute)...", file=sys.stderr)
+    model, tok = load_smollm2(threads=args.threads)
+    windows = text_windows(tok, args.windows, args.prefix + args.eval)
+    rows = []
+    for label, transform in quality_settings(bits, args.ber, args.ecc, args.group):
+        if not quiet_tty(args):
+            print(f"  {label}", file=sys.stderr)
+        rows.append(evaluate(model, windows, transform, label=label, prefix=args.prefix))
+    if args.json:
+        print(json.dumps([q.row() for q in rows], indent=2))
+    else:
+        print(f"SmolLM2-135M-Instruct (weights 4-bit Q4_1), {args.windows} windows of "
+              f"pydoc_data.topics: {args.prefix}-token prefix from the cache under test, "
+              f"{args.eval} tokens scored\n")
+        print(format_table(rows))
+    return 0
+
+
+def quiet_tty(args: argparse.Namespace) -> bool:
+    return bool(args.json or args.quiet or not sys.stderr.isatty())
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rkv", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -206,6 +260,20 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--json", action="store_true", help="print the summary as JSON")
     camp.add_argument("--quiet", action="store_true", help="no progress output")
     camp.set_defaults(fn=cmd_campaign)
+    qual = sub.add_parser("quality", help="quality of KV through rkv on SmolLM2-135M "
+                                          "(bit-widths, injected faults, with and without ECC)")
+    qual.add_argument("--bits", default="16,8,4,2", help="comma-separated bit-widths")
+    qual.add_argument("--group", type=int, default=32, help="quantization group size")
+    qual.add_argument("--ber", type=float, default=1e-5,
+                      help="bit error rate of the fault rows (0: none)")
+    qual.add_argument("--ecc", default="rs(255,239)", help="the ECC of the protected rows")
+    qual.add_argument("--windows", type=int, default=4)
+    qual.add_argument("--prefix", type=int, default=512, help="prefix tokens from the cache")
+    qual.add_argument("--eval", type=int, default=64, help="tokens scored per window")
+    qual.add_argument("--threads", type=int, default=2)
+    qual.add_argument("--json", action="store_true")
+    qual.add_argument("--quiet", action="store_true")
+    qual.set_defaults(fn=cmd_quality)
     return p
 
 

@@ -44,7 +44,8 @@ class TierConfig:
     under ``<store>/tiers/<name>``. Bandwidths (GB/s) and latency (microseconds) are nominal
     figures for the cost model; ``fault_model`` names the tier's fault-model preset; ``ecc``
     is the codec spec new blocks in this tier are protected with (``"none"``, ``"rs(255,239)"``,
-    ``"bch(m=13,t=8)"``, ``"shardrs(k=16,m=2)"``; see docs/ecc.md).
+    ``"bch(m=13,t=8)"``, ``"shardrs(k=16,m=2)"``; see docs/ecc.md); ``quant`` the quantizer
+    (``"none"`` keeps the values as they are, ``"kivi(bits=4)"``; see docs/quantization.md).
     """
 
     name: str
@@ -56,6 +57,7 @@ class TierConfig:
     latency_us: float = 80.0
     fault_model: str = "raw-ber"
     ecc: str = "none"
+    quant: str = "none"
     sync: bool = False
     initial_map_bytes: int = 64 * MiB
 
@@ -85,6 +87,17 @@ class TierConfig:
                 get_codec(self.ecc)
             except ConfigError as exc:
                 raise ConfigError(f"tier {self.name}: bad ecc {self.ecc!r}: {exc}") from exc
+        if not isinstance(self.quant, str) or not self.quant.strip():
+            raise ConfigError(f"tier {self.name}: quant must be a spec such as 'kivi(bits=4)'")
+        if self.quant.strip().lower() not in ("none", "fp16", "16"):
+            try:
+                from rkv.quant import get_quantizer
+
+                get_quantizer(self.quant)
+            except ImportError as exc:  # pragma: no cover
+                raise ConfigError(f"tier {self.name}: quantization unavailable: {exc}") from exc
+            except ConfigError as exc:
+                raise ConfigError(f"tier {self.name}: bad quant {self.quant!r}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

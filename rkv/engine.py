@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from rkv.blockcodec import codec_for, encode_block, read_block, record_size, reencode
+from rkv.blockcodec import (
+    codec_for,
+    encode_block,
+    quantizer_for,
+    read_block,
+    record_size,
+    reencode,
+)
 from rkv.config import EngineConfig, TierConfig
 from rkv.errors import (
     ConfigError,
@@ -211,6 +218,7 @@ class Engine:
         self._tiers = tiers
         self._order = [t.name for t in config.tiers]
         self._codecs = {t.name: codec_for(t.ecc) for t in config.tiers}
+        self._quants = {t.name: quantizer_for(t.quant) for t in config.tiers}
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.RLock()
@@ -459,7 +467,8 @@ class Engine:
 
                 def chunk_size(tier: str, header: RecordHeader = header,
                                data_bytes: int = data_bytes) -> int:
-                    return record_size(header, data_bytes, self._codecs[tier]) * spec.n_layers
+                    return record_size(header, data_bytes, self._codecs[tier],
+                                       self._quants[tier]) * spec.n_layers
 
                 tier = self._place(txn, usage, chunk_size, protect, pending, stats)
                 codec = self._codecs[tier]
@@ -470,7 +479,8 @@ class Engine:
                     # each record, so no block needs a buffer of its own).
                     pending.write(tier, block_key(key, layer), partial(
                         encode_block, replace(header, layer=layer),
-                        arr[layer, :, start:end], codec, scratch), rec_size)
+                        arr[layer, :, start:end], codec, scratch, self._quants[tier]),
+                        rec_size)
                 recs = [rec_size] * spec.n_layers
                 parent = keys[i - 1] if i else b""
                 meta = ChunkMeta(parent=parent, pos=i, n_tokens=bounds[i][1] - bounds[i][0],
@@ -680,12 +690,8 @@ class Engine:
                     break
                 done += n
         if self.config.repair:
-            fixes = []
-            for st in statuses:
-                if st.status == CORRECTED:
-                    t0 = starts[st.chunk]
-                    data = out[st.layer, :, t0:t0 + metas[st.chunk].n_tokens]
-                    fixes.append((keys[st.chunk], st.layer, st.tier, spec, data))
+            fixes = [(keys[st.chunk], st.layer, st.tier) for st in statuses
+                     if st.status == CORRECTED]
             if fixes:
                 self._repair(fixes)
         self._touch(keys[: len(metas)])
@@ -890,7 +896,7 @@ class Engine:
         counts: Counter[str] = Counter()
         problems: list[tuple[str, int, str, str]] = []
         referenced: dict[str, set[bytes]] = defaultdict(set)
-        to_repair: list[tuple[bytes, int, str, ModelSpec, np.ndarray]] = []
+        to_repair: list[tuple[bytes, int, str]] = []
         for i, (key, meta) in enumerate(entries):
             spec = models.get(meta.fingerprint)
             for layer, (tier, _) in enumerate(meta.blocks):
@@ -900,12 +906,10 @@ class Engine:
                     counts[UNCORRECTABLE] += 1
                     problems.append((key.hex(), layer, tier, "unknown model fingerprint"))
                     continue
-                scratch = (np.empty(spec.block_shape(meta.n_tokens), numpy_dtype(spec.dtype))
-                           if repair else None)
-                st = self._check_block(key, layer, tier, meta, spec, scratch)
+                st = self._check_block(key, layer, tier, meta, spec)
                 counts[st.status] += 1
-                if st.status == CORRECTED and scratch is not None:
-                    to_repair.append((key, layer, tier, spec, scratch))
+                if st.status == CORRECTED and repair:
+                    to_repair.append((key, layer, tier))
                 if st.error is not None:
                     problems.append((key.hex(), layer, tier,
                                      f"{type(st.error).__name__}: {st.error}"))
@@ -921,21 +925,27 @@ class Engine:
             missing=counts[MISSING], orphans=orphans, problems=problems, repaired=repaired,
         )
 
-    def _repair(self, items: list[tuple[bytes, int, str, ModelSpec, np.ndarray]]) -> int:
-        """Rewrite blocks from their corrected data with their tier's codec."""
+    def _repair(self, items: list[tuple[bytes, int, str]]) -> int:
+        """Rewrite blocks that needed correction, from their stored record: verified,
+        corrected and re-encoded with their tier's ECC (quantized values are kept as they
+        are, never re-quantized)."""
         ix = self._index
 
         def fn(txn: Any, pending: _Pending) -> int:
             usage = ix.usage(txn)
             done = 0
-            for key, layer, tier, spec, data in items:
+            for key, layer, tier in items:
                 meta = ix.get_chunk(txn, key)
                 if meta is None or meta.blocks[layer][0] != tier:
                     continue  # moved or freed meanwhile: nothing to repair here
-                header = RecordHeader(key=key, layer=layer, fingerprint=meta.fingerprint,
-                                      shape=spec.block_shape(meta.n_tokens), dtype=spec.dtype,
-                                      data_len=0, payload_len=0)
-                rec = encode_block(header, data, self._codecs[tier])
+                bkey = block_key(key, layer)
+                record = self._tiers[tier].get(bkey)
+                if record is None:
+                    continue
+                try:
+                    rec = reencode(record, decode_record(record), self._codecs[tier])
+                except IntegrityError:
+                    continue  # no longer correctable: reads keep reporting it
                 size = memoryview(rec).nbytes
                 old = meta.blocks[layer][1]
                 if size != old:
@@ -943,7 +953,7 @@ class Engine:
                     blocks[layer] = (tier, size)
                     ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
                     usage.add(tier, 0, size - old)
-                pending.write(tier, block_key(key, layer), rec, size)
+                pending.write(tier, bkey, rec, size)
                 done += 1
             ix.set_usage(txn, usage)
             return done

@@ -1,0 +1,1 @@
+"""Framework adapters. Each module imports its framework; ``rkv`` itself never does."""

@@ -1,0 +1,44 @@
+"""KV-cache quantization codecs for rkv blocks ``[2, tokens, kv_heads, head_dim]``.
+
+Quantizers (``get_quantizer(spec)``):
+
+* ``none`` (also ``kivi(bits=16)``): identity, the block's raw bytes.
+* ``kivi(bits=2|4|8, group=32)``: KIVI asymmetric min/max quantization, keys per channel
+  (groups of ``group`` tokens), values per token (groups of ``min(group, head_dim)``
+  elements); bit-packed codes and three checksummed copies of the scales and zero points.
+
+See ``docs/quantization.md`` for the scheme, the byte layout, error bounds and speed.
+"""
+
+from __future__ import annotations
+
+from rkv.quant.base import CLEAN, CORRECTED, DTYPES, QuantDecodeResult, Quantizer
+from rkv.quant.kivi import KiviLayout, KiviQuantizer
+from rkv.quant.none import NoneQuantizer
+from rkv.quant.registry import (
+    available_quantizers,
+    get_quantizer,
+    parse_spec,
+    quantizer_class,
+    register_quantizer,
+)
+
+for _cls in (NoneQuantizer, KiviQuantizer):
+    register_quantizer(_cls)
+del _cls
+
+__all__ = [
+    "CLEAN",
+    "CORRECTED",
+    "DTYPES",
+    "KiviLayout",
+    "KiviQuantizer",
+    "NoneQuantizer",
+    "QuantDecodeResult",
+    "Quantizer",
+    "available_quantizers",
+    "get_quantizer",
+    "parse_spec",
+    "quantizer_class",
+    "register_quantizer",
+]

@@ -1,0 +1,239 @@
+"""The interface shared by every KV-cache quantizer in rkv.
+
+A :class:`Quantizer` turns one KV block, a numpy array shaped ``[2, tokens, kv_heads,
+head_dim]`` (index 0 = keys, 1 = values) of dtype float16, bfloat16 (``ml_dtypes.bfloat16``) or
+float32, into a byte string and back. The encoded length is a pure function of the shape, the
+dtype and the quantizer's configuration (:meth:`Quantizer.encoded_size`); the caller keeps the
+shape, dtype and config (rkv stores them in the record header) and passes them to
+:meth:`Quantizer.decode`.
+
+Errors: a bad block (shape, dtype, NaN / Inf where the quantizer needs finite values) is a
+:class:`~rkv.errors.ShapeError`; a bad configuration a :class:`~rkv.errors.ConfigError`; an
+encoded buffer that cannot be decoded (impossible length, unrecoverable metadata) a
+:class:`~rkv.errors.CorruptRecordError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+
+from rkv.errors import ConfigError, InputError, ShapeError
+
+U8 = npt.NDArray[np.uint8]
+BytesLike = bytes | bytearray | memoryview | npt.NDArray[Any]
+Shape = tuple[int, int, int, int]
+Status = Literal["clean", "corrected"]
+
+CLEAN: Status = "clean"
+CORRECTED: Status = "corrected"
+
+#: the dtypes a KV block may have, by name
+DTYPES: dict[str, np.dtype[Any]] = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+}
+#: dtype codes (the same as in the record header, docs/format.md)
+DTYPE_CODES: dict[str, int] = {"float16": 1, "bfloat16": 2, "float32": 3}
+
+_MAX_DIM = (1 << 32) - 1
+
+
+@dataclass(frozen=True)
+class QuantDecodeResult:
+    """The outcome of :meth:`Quantizer.decode_result`.
+
+    ``array`` is the dequantized block. ``status`` is ``"clean"`` when the encoding needed no
+    repair and ``"corrected"`` when damaged metadata was repaired from its other copies;
+    ``detail`` says what was repaired (empty when clean).
+    """
+
+    array: npt.NDArray[Any]
+    status: Status
+    detail: str = ""
+
+
+# ---------------------------------------------------------------------- validation helpers
+def dtype_name(dtype: str | np.dtype[Any] | type) -> str:
+    """The canonical name (``float16``, ``bfloat16``, ``float32``) of a block dtype."""
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = repr(dtype)
+    if name not in DTYPES:
+        raise ShapeError(
+            f"unsupported KV dtype {name!r}; expected one of {', '.join(DTYPES)}"
+        )
+    return name
+
+
+def check_shape(shape: Iterable[int]) -> Shape:
+    """``shape`` as a validated ``(2, tokens, kv_heads, head_dim)`` tuple."""
+    try:
+        raw = tuple(shape)
+    except TypeError as exc:
+        raise ShapeError(f"a KV block shape must be a tuple of integers, got {shape!r}") from exc
+    if not all(isinstance(d, int | np.integer) and not isinstance(d, bool) for d in raw):
+        raise ShapeError(f"a KV block shape must be a tuple of integers, got {shape!r}")
+    dims = tuple(int(d) for d in raw)
+    if len(dims) != 4 or dims[0] != 2:
+        raise ShapeError(
+            f"a KV block has shape [2, tokens, kv_heads, head_dim], got {list(dims)}"
+        )
+    if min(dims) < 1 or max(dims) > _MAX_DIM:
+        raise ShapeError(f"KV block dimensions must lie in [1, 2**32), got {list(dims)}")
+    return dims  # type: ignore[return-value]
+
+
+def check_block(block: Any) -> tuple[npt.NDArray[Any], str]:
+    """A C-contiguous, aligned array of a valid block, and its dtype name."""
+    if not isinstance(block, np.ndarray):
+        raise ShapeError(f"a KV block must be a numpy array, got {type(block).__name__}")
+    name = dtype_name(block.dtype)
+    check_shape(block.shape)
+    arr = np.ascontiguousarray(block)
+    if not arr.flags.aligned:
+        arr = arr.copy()
+    return arr, name
+
+
+def as_u8(data: Any) -> U8:
+    """A read-only, 1-D, C-contiguous ``uint8`` view of ``data`` (copied only if it must be)."""
+    if isinstance(data, np.ndarray):
+        arr = data
+        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    elif isinstance(data, bytes | bytearray):
+        arr = np.frombuffer(data, dtype=np.uint8)
+    else:
+        try:
+            mv = memoryview(data)
+        except TypeError as exc:
+            raise InputError(f"expected a bytes-like object, got {type(data).__name__}") from exc
+        arr = np.frombuffer(mv.cast("B") if mv.c_contiguous else mv.tobytes(), dtype=np.uint8)
+    if arr.flags.writeable:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+def readonly(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A read-only view of ``arr`` (kernels take read-only inputs, one specialisation each)."""
+    if arr.flags.writeable:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+# ---------------------------------------------------------------------- config helpers
+def check_keys(cfg: Mapping[str, Any], qid: str, allowed: Iterable[str]) -> None:
+    """Raise ConfigError unless ``cfg`` is a mapping for ``qid`` with only ``allowed`` keys."""
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"quantizer config must be a mapping, got {type(cfg).__name__}")
+    if cfg.get("id") != qid:
+        raise ConfigError(f"config id {cfg.get('id')!r} is not {qid!r}")
+    extra = sorted(set(cfg) - set(allowed) - {"id"})
+    if extra:
+        raise ConfigError(
+            f"{qid}: unknown parameter(s) {', '.join(map(repr, extra))}; "
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
+        )
+
+
+def int_param(
+    cfg: Mapping[str, Any], qid: str, name: str, *, lo: int, hi: int, default: int
+) -> int:
+    """An integer parameter in ``[lo, hi]``; bools and non-integers are rejected."""
+    if name not in cfg:
+        return default
+    val = cfg[name]
+    if isinstance(val, bool) or not isinstance(val, int | np.integer):
+        raise ConfigError(f"{qid}: {name} must be an integer, got {val!r}")
+    ival = int(val)
+    if not lo <= ival <= hi:
+        raise ConfigError(f"{qid}: {name}={ival} out of range [{lo}, {hi}]")
+    return ival
+
+
+# ---------------------------------------------------------------------- the interface
+class Quantizer(ABC):
+    """Base class of every quantizer. Subclasses are immutable and compare equal by config."""
+
+    codec_id: ClassVar[str]
+    #: parameter names that a string spec may give positionally, e.g. ``kivi(4)``
+    positional: ClassVar[tuple[str, ...]] = ()
+    #: bits per stored element (16: not quantized)
+    bits: int
+
+    @abstractmethod
+    def encode(self, block: npt.NDArray[Any]) -> bytes:
+        """Encode a block ``[2, tokens, kv_heads, head_dim]``; raises ``ShapeError``."""
+
+    def decode(
+        self, buf: BytesLike, shape: Iterable[int], dtype: str | np.dtype[Any]
+    ) -> npt.NDArray[Any]:
+        """The block (a new array of ``shape`` and ``dtype``) from an encoded buffer.
+
+        Raises :class:`~rkv.errors.CorruptRecordError` if ``len(buf)`` is impossible for this
+        shape, dtype and config, or if the buffer's metadata cannot be recovered.
+        """
+        return self.decode_result(buf, shape, dtype).array
+
+    @abstractmethod
+    def decode_result(
+        self, buf: BytesLike, shape: Iterable[int], dtype: str | np.dtype[Any]
+    ) -> QuantDecodeResult:
+        """Like :meth:`decode`, and says whether damaged metadata was repaired."""
+
+    @abstractmethod
+    def encoded_size(self, shape: Iterable[int], dtype: str | np.dtype[Any]) -> int:
+        """Exact length of the encoding of a block of ``shape`` and ``dtype``."""
+
+    def bits_per_element(self, shape: Iterable[int], dtype: str | np.dtype[Any]) -> float:
+        """Encoded bits per block element, everything included."""
+        dims = check_shape(shape)
+        return 8.0 * self.encoded_size(dims, dtype) / float(np.prod(dims))
+
+    @property
+    def lossless(self) -> bool:
+        """True when ``decode(encode(x))`` always equals ``x``."""
+        return False
+
+    # ---------------------------------------------------------------- config
+    @abstractmethod
+    def get_config(self) -> dict[str, Any]:
+        """A JSON-able dict, including ``"id"``, that :func:`rkv.quant.get_quantizer` accepts."""
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> Quantizer:
+        """Build a quantizer from a config dict; raises :class:`~rkv.errors.ConfigError`."""
+
+    @property
+    def spec(self) -> str:
+        """The string form of this quantizer, e.g. ``kivi(bits=4,group=32)``."""
+        cfg = self.get_config()
+        args = [f"{k}={v}" for k, v in cfg.items() if k != "id"]
+        return f"{cfg['id']}({','.join(args)})" if args else str(cfg["id"])
+
+    # ---------------------------------------------------------------- misc
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Quantizer):
+            return NotImplemented
+        return self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, str(v)) for k, v in self.get_config().items())))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec}>"

@@ -1,0 +1,83 @@
+"""rkv as the prefix cache of a Hugging Face causal LM (a tiny random Llama: no download)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rkvtest import local_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rkv import Engine  # noqa: E402
+from rkv.adapters.hf import HFPrefixCache, cache_from_kv, kv_from_cache, model_spec  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny() -> object:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.eval()
+    return model
+
+
+def test_cache_round_trip_gives_identical_logits(tiny: object) -> None:
+    model = tiny
+    ids = torch.randint(0, 97, (1, 40))
+    with torch.no_grad():
+        pre = model(ids[:, :32], use_cache=True)
+        kv = kv_from_cache(pre.past_key_values)
+        assert kv.shape == (2, 2, 32, 2, 16) and kv.dtype == np.float32
+        a = model(ids[:, 32:], cache=cache_from_kv(kv, model.config), use_cache=True).logits
+        b = model(ids[:, 32:], cache=pre.past_key_values, use_cache=True).logits
+    assert torch.equal(a, b)
+
+
+def test_prefix_cache_restores_and_matches_a_fresh_prefill(tiny: object, tmp_path: Path
+                                                           ) -> None:
+    model = tiny
+    ids = torch.randint(0, 97, (1, 50))
+    with Engine.open(tmp_path / "s", local_config(16)) as e:
+        pc = HFPrefixCache(e, model, model_id="tiny-llama")
+        cold = pc.prefill(ids[:, :40])
+        assert cold.restored_tokens == 0 and cold.computed_tokens == 40
+        warm = pc.prefill(ids)
+        assert warm.restored_tokens == 32 and warm.computed_tokens == 18
+        assert warm.read is not None and warm.read.ok
+        with torch.no_grad():
+            full = model(ids, use_cache=True).logits
+        torch.testing.assert_close(warm.logits[0], full[0, 32:], rtol=1e-4, atol=1e-5)
+        again = pc.prefill(ids)                      # everything but the last token is stored
+        assert again.restored_tokens == 48
+        torch.testing.assert_close(again.logits[0, -1], full[0, -1], rtol=1e-4, atol=1e-5)
+        assert pc.spec == model_spec(model, "tiny-llama")
+        # 16, 32 and the 8-token tail of the first prompt; 48 and the 2-token tail of the
+        # second: shared chunks stored once.
+        assert e.stats()["chunks"] == 5
+
+
+def test_corrupt_stored_kv_is_recomputed_not_used(tiny: object, tmp_path: Path) -> None:
+    model = tiny
+    ids = torch.randint(0, 97, (1, 40))
+    with Engine.open(tmp_path / "s", local_config(16, repair=False)) as e:
+        pc = HFPrefixCache(e, model, model_id="tiny-llama")
+        pc.prefill(ids)
+        from rkv.keys import as_token_array, block_key, chunk_keys
+        from rkv.record import decode_record
+
+        tier = e.tiers["dram"]
+        first = chunk_keys(as_token_array(ids[0].tolist()), pc.spec.fingerprint(), 16)[0]
+        key = block_key(first, 1)                    # chunk 0, layer 1
+        rec = bytearray(tier.get(key) or b"")
+        rec[decode_record(rec).header_bytes + 11] ^= 0x40
+        tier.put(key, rec)
+        warm = pc.prefill(ids)
+        assert warm.restored_tokens == 0            # the broken chunk ends the reuse
+        with torch.no_grad():
+            full = model(ids, use_cache=True).logits
+        torch.testing.assert_close(warm.logits, full)

