@@ -89,7 +89,7 @@ def _campaign_config(args: argparse.Namespace) -> Any:
     if args.config:
         base = CampaignConfig.load(args.config).to_dict()
     for name in ("tier", "protection", "hours", "trials", "blocks", "seed", "workers",
-                 "sampling", "rows", "chunk_tokens", "kv_heads", "head_dim", "dtype"):
+                 "sampling", "rows", "chunk_tokens", "kv_heads", "head_dim", "dtype", "bits"):
         value = getattr(args, name)
         if value is not None:
             base[name] = value
@@ -249,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--kv-heads", dest="kv_heads", type=int, default=None)
     camp.add_argument("--head-dim", dest="head_dim", type=int, default=None)
     camp.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"])
+    camp.add_argument("--bits", type=int, default=None, choices=[16, 8, 4, 2],
+                      help="quantize blocks to this many bits (KIVI) before protecting them")
     camp.add_argument("--seed", type=int, default=None)
     camp.add_argument("--workers", type=int, default=None)
     camp.add_argument("--sampling", choices=["auto", "direct", "conditional"], default=None)

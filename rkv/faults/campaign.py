@@ -43,7 +43,7 @@ import numpy as np
 
 from rkv.config import EngineConfig, TierConfig, default_tiers
 from rkv.engine import Engine
-from rkv.errors import ConfigError
+from rkv.errors import ConfigError, RkvError
 from rkv.faults.injection import FaultyTier, Injection
 from rkv.faults.reliability import RAW, Prediction, predict
 from rkv.keys import as_token_array, block_key, chunk_keys
@@ -95,8 +95,9 @@ class CampaignConfig:
             raise ConfigError(f"campaign hours must be a finite number >= 0, got {self.hours!r}")
         if self.sampling not in SAMPLING:
             raise ConfigError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
-        if self.bits != 16:
-            raise ConfigError("bits: only 16 (no quantization) until quantization lands")
+        if self.bits not in (16, 8, 4, 2):
+            raise ConfigError(f"bits must be 16 (values as they are), 8, 4 or 2, got "
+                              f"{self.bits!r}")
         if self.dtype not in ("float16", "bfloat16", "float32"):
             raise ConfigError(f"bad dtype {self.dtype!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -115,7 +116,10 @@ class CampaignConfig:
         fm = self.fault_model if isinstance(self.fault_model, str) and self.fault_model else (
             base.fault_model if not self.fault_model else "custom")
         return replace(base, ecc="none" if prot == RAW else prot, fault_model=fm,
-                       capacity_bytes=1 << 40, path="tier")
+                       quant=self.quant_spec(), capacity_bytes=1 << 40, path="tier")
+
+    def quant_spec(self) -> str:
+        return "none" if self.bits >= 16 else f"kivi(bits={self.bits})"
 
     def effective_protection(self) -> str:
         if self.protection:
@@ -138,6 +142,14 @@ class CampaignConfig:
 
     @property
     def data_bytes(self) -> int:
+        """Bytes of one block's data as stored (after quantization, before any ECC)."""
+        shape = (2, self.chunk_tokens, self.kv_heads, self.head_dim)
+        if self.bits < 16:
+            from rkv.blockcodec import quantizer_for
+
+            q = quantizer_for(self.quant_spec())
+            assert q is not None
+            return int(q.encoded_size(shape, self.dtype))
         return 2 * self.chunk_tokens * self.kv_heads * self.head_dim * (
             4 if self.dtype == "float32" else 2)
 
@@ -233,6 +245,9 @@ class _Bench:
         self.spec = cfg.model_spec()
         self.protection = cfg.effective_protection()
         self.raw = self.protection == RAW
+        from rkv.blockcodec import quantizer_for
+
+        self.quant = quantizer_for(cfg.quant_spec())
         tier = cfg.tier_config()
         self.root = root
         if self.raw:
@@ -268,7 +283,10 @@ class _Bench:
             for tokens, kv, _ in items:
                 self.engine.put(tokens, kv, model=spec)
         else:
-            self.tier.put_many([(key, kv.view(np.uint8).reshape(-1)) for _, kv, key in items])
+            self.tier.put_many([(key, self._stored_bytes(kv)) for _, kv, key in items])
+        # Outcomes compare with the fault-free decode: for quantized blocks, the dequantized
+        # values, not the values that went in.
+        items = [(tokens, self._reference(kv), key) for tokens, kv, key in items]
         outcomes: list[str] = []
         faults: list[dict[str, Any]] = []
         corrected_total = 0
@@ -295,6 +313,17 @@ class _Bench:
             self.tier.clear()
         return TrialResult(trial, seed, outcomes, faults, corrected_total)
 
+    def _stored_bytes(self, kv: np.ndarray) -> np.ndarray:
+        """What raw storage keeps for a block: its values, quantized if the campaign says so."""
+        if self.quant is None:
+            return kv.view(np.uint8).reshape(-1)
+        return np.frombuffer(self.quant.encode(kv[0]), dtype=np.uint8)
+
+    def _reference(self, kv: np.ndarray) -> np.ndarray:
+        if self.quant is None:
+            return kv
+        return self.quant.decode(self.quant.encode(kv[0]), kv.shape[1:], kv.dtype.name)[None]
+
     def _read(self, tokens: np.ndarray, kv: np.ndarray, key: bytes, clean: bool,
               erased: bool) -> tuple[str, int]:
         if self.engine is None:
@@ -306,7 +335,15 @@ class _Bench:
                 data = None if view is None else bytes(view)
             if data is None:
                 return "due", 0
-            if data == kv.view(np.uint8).tobytes():
+            if self.quant is None:
+                same = data == kv.view(np.uint8).tobytes()
+            else:
+                try:
+                    values = self.quant.decode(data, kv.shape[1:], kv.dtype.name)
+                except RkvError:
+                    return "due", 0
+                same = bool(np.array_equal(values.view(np.uint8), kv[0].view(np.uint8)))
+            if same:
                 return ("clean" if clean else "masked"), 0
             return "sdc", 0
         got = self.engine.get(tokens, model=self.spec)

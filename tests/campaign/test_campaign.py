@@ -125,7 +125,7 @@ def test_wilson_interval() -> None:
 @pytest.mark.parametrize("bad", [{"trials": 0}, {"tier": "tape"}, {"hours": -1},
                                  {"sampling": "magic"}, {"protection": "rs(300,1)"},
                                  {"fault_model": "no-such-preset"}, {"bogus": 1},
-                                 {"bits": 4}])
+                                 {"bits": 3}])
 def test_bad_campaign_configs(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         CampaignConfig.from_dict(bad)
@@ -174,3 +174,18 @@ def test_replay_reproduces_faults() -> None:
     assert np.sum([r["blocks"][0]["flips"] for r in rows]) > 0
     assert all(b["outcome"] in ("clean", "masked", "corrected", "due", "sdc")
                for r in rows for b in r["blocks"])
+
+
+@pytest.mark.parametrize("protection", ["rs(255,239)", "none", "raw"])
+def test_quantized_campaign(protection: str) -> None:
+    cfg = CampaignConfig(fault_model=raw_ber(2e-5), protection=protection, bits=4, trials=10,
+                         blocks=4, seed=2, sampling="direct", **SMALL)
+    s = run_campaign(cfg)
+    assert s.blocks == 40 and sum(s.counts.values()) == 40
+    faulty = 40 - s.counts["clean"]
+    assert z_close(faulty, 40, s.prediction.p_error)
+    if protection == "raw":
+        assert s.counts["sdc"] > 0            # flipped codes come back as wrong values
+    else:
+        assert s.counts["sdc"] == 0
+        assert cfg.data_bytes < 2 * 64 * 64 * 2 / 2
