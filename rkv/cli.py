@@ -158,9 +158,11 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     return 0
 
 
-def quality_settings(bits: list[int], ber: float, ecc: str, group: int) -> list[tuple[str, Any]]:
-    """The rows of the quality table: (label, transform) pairs."""
-    from rkv.quality import RkvRoundTrip, cast_to, raw_flips
+def quality_settings(bits: list[int], ber: float, ecc: str, group: int,
+                     fault_model: Any = None, hours: float = 1.0) -> list[tuple[str, Any]]:
+    """The rows of the quality table: (label, transform) pairs. Fault rows use independent
+    flips at ``ber``, or ``fault_model`` (a faultmodels spec) over ``hours`` when given."""
+    from rkv.quality import RkvRoundTrip, cast_to, raw_flips, raw_model_faults
 
     rows: list[tuple[str, Any]] = [("fp32 cache (reference)", None),
                                    ("stored as fp16", cast_to("float16"))]
@@ -170,17 +172,27 @@ def quality_settings(bits: list[int], ber: float, ecc: str, group: int) -> list[
         else:
             quant = f"kivi(bits={b},group={group})"
             rows.append((f"rkv, kivi {b} bits", RkvRoundTrip(quant=quant)))
-    if ber > 0:
-        fm = {"model": "raw-ber", "ber": ber}
-        rows.append((f"raw storage, BER {ber:g} (peers)", raw_flips(ber)))
-        rows.append((f"rkv none, BER {ber:g}", RkvRoundTrip(fault_model=fm)))
-        rows.append((f"rkv {ecc}, BER {ber:g}", RkvRoundTrip(ecc=ecc, fault_model=fm)))
+    if fault_model is not None or ber > 0:
+        fm: Any = fault_model if fault_model is not None else {"model": "raw-ber", "ber": ber}
+        what = (f"{_model_name(fault_model)}, {hours:g} h" if fault_model is not None
+                else f"BER {ber:g}")
+        raw = (raw_model_faults(fault_model, hours) if fault_model is not None
+               else raw_flips(ber))
+        rows.append((f"raw storage, {what} (peers)", raw))
+        rows.append((f"rkv none, {what}", RkvRoundTrip(fault_model=fm, hours=hours)))
+        rows.append((f"rkv {ecc}, {what}", RkvRoundTrip(ecc=ecc, fault_model=fm, hours=hours)))
         low = min((b for b in bits if b < 16), default=None)
         if low is not None:
-            rows.append((f"rkv kivi {low} bits + {ecc}, BER {ber:g}",
+            rows.append((f"rkv kivi {low} bits + {ecc}, {what}",
                          RkvRoundTrip(quant=f"kivi(bits={low},group={group})", ecc=ecc,
-                                      fault_model=fm)))
+                                      fault_model=fm, hours=hours)))
     return rows
+
+
+def _model_name(spec: Any) -> str:
+    if isinstance(spec, dict):
+        return str(spec.get("preset") or spec.get("model") or "custom")
+    return str(spec)
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
@@ -194,7 +206,18 @@ def cmd_quality(args: argparse.Namespace) -> int:
     model, tok = load_smollm2(threads=args.threads)
     windows = text_windows(tok, args.windows, args.prefix + args.eval)
     rows = []
-    for label, transform in quality_settings(bits, args.ber, args.ecc, args.group):
+    fault_model: Any = None
+    if args.fault_model:
+        fault_model = args.fault_model
+        if args.param:
+            fault_model = {"preset": args.fault_model}
+            for item in args.param:
+                key, sep, raw = item.partition("=")
+                if not sep:
+                    raise ConfigError(f"--param expects KEY=VALUE, got {item!r}")
+                fault_model[key.strip()] = _parse_scalar(raw)
+    settings = quality_settings(bits, args.ber, args.ecc, args.group, fault_model, args.hours)
+    for label, transform in settings:
         if not quiet_tty(args):
             print(f"  {label}", file=sys.stderr)
         rows.append(evaluate(model, windows, transform, label=label, prefix=args.prefix))
@@ -269,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     qual.add_argument("--ber", type=float, default=1e-5,
                       help="bit error rate of the fault rows (0: none)")
     qual.add_argument("--ecc", default="rs(255,239)", help="the ECC of the protected rows")
+    qual.add_argument("--fault-model", default=None,
+                      help="inject a tier model's faults instead of --ber (e.g. nvme-tlc)")
+    qual.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                      help="fault model parameter override (repeatable)")
+    qual.add_argument("--hours", type=float, default=24.0,
+                      help="residency for --fault-model")
     qual.add_argument("--windows", type=int, default=4)
     qual.add_argument("--prefix", type=int, default=512, help="prefix tokens from the cache")
     qual.add_argument("--eval", type=int, default=64, help="tokens scored per window")

@@ -189,6 +189,28 @@ def raw_flips(ber: float, seed: int = 0) -> KVTransform:
     return transform
 
 
+def raw_model_faults(fault_model: Any, hours: float, seed: int = 0) -> KVTransform:
+    """What unprotected storage returns under a fault model: the KV's bytes with the model's
+    pattern applied. Losses and erasures the medium reports make the prefix a miss (a peer
+    sees a read error and recomputes); everything else is returned as KV."""
+    import faultmodels
+
+    model = faultmodels.get_model(fault_model)
+
+    def transform(kv: np.ndarray, tokens: list[int]) -> tuple[np.ndarray | None,
+                                                               dict[str, int]]:
+        rng = np.random.default_rng(seed)
+        raw = np.ascontiguousarray(kv).view(np.uint8).reshape(-1).copy()
+        pattern = model.sample(raw.size, hours, rng)
+        report = {"flipped_bits": int(pattern.n_flips), "erasures": len(pattern.erasures)}
+        if pattern.lost or pattern.erasures:
+            return None, report
+        pattern.apply(raw, rng)
+        return raw.view(kv.dtype).reshape(kv.shape), report
+
+    return transform
+
+
 def cast_to(dtype: str) -> KVTransform:
     """Store the KV in another float dtype (e.g. fp32 cache stored as fp16)."""
     from rkv.tensors import numpy_dtype

@@ -96,12 +96,14 @@ def check_shape(shape: Iterable[int]) -> Shape:
 
 
 def check_block(block: Any) -> tuple[npt.NDArray[Any], str]:
-    """A C-contiguous, aligned array of a valid block, and its dtype name."""
+    """A C-contiguous, aligned, native-endian array of a valid block, and its dtype name."""
     if not isinstance(block, np.ndarray):
         raise ShapeError(f"a KV block must be a numpy array, got {type(block).__name__}")
     name = dtype_name(block.dtype)
     check_shape(block.shape)
     arr = np.ascontiguousarray(block)
+    if not arr.dtype.isnative:  # big-endian input: the stored layout is little-endian
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     if not arr.flags.aligned:
         arr = arr.copy()
     return arr, name
