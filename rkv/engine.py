@@ -468,10 +468,11 @@ class Engine:
                 def chunk_size(tier: str, header: RecordHeader = header,
                                data_bytes: int = data_bytes) -> int:
                     return record_size(header, data_bytes, self._codecs[tier],
-                                       self._quants[tier]) * spec.n_layers
+                                       self._quant_for(tier, header)) * spec.n_layers
 
                 tier = self._place(txn, usage, chunk_size, protect, pending, stats)
                 codec = self._codecs[tier]
+                quant = self._quant_for(tier, header)
                 rec_size = chunk_size(tier) // spec.n_layers
                 size = rec_size * spec.n_layers
                 for layer in range(spec.n_layers):
@@ -479,7 +480,7 @@ class Engine:
                     # each record, so no block needs a buffer of its own).
                     pending.write(tier, block_key(key, layer), partial(
                         encode_block, replace(header, layer=layer),
-                        arr[layer, :, start:end], codec, scratch, self._quants[tier]),
+                        arr[layer, :, start:end], codec, scratch, quant),
                         rec_size)
                 recs = [rec_size] * spec.n_layers
                 parent = keys[i - 1] if i else b""
@@ -515,6 +516,16 @@ class Engine:
             c["evicted_chunks"] += result.evicted_chunks
             c["demoted_chunks"] += result.demoted_chunks
         return result
+
+    def _quant_for(self, tier: str, header: RecordHeader) -> Any:
+        """The tier's quantizer, unless it would not shrink this block (a short tail chunk,
+        whose per-group metadata outweighs its values): then the values are stored as
+        they are. Every record says which way it went."""
+        quant = self._quants[tier]
+        if quant is None:
+            return None
+        raw = int(np.prod(header.shape)) * numpy_dtype(header.dtype).itemsize
+        return quant if quant.encoded_size(header.shape, header.dtype) < raw else None
 
     def _place(self, txn: Any, usage: Usage, size: Callable[[str], int], protect: set[bytes],
                pending: _Pending, stats: Counter[str]) -> str:

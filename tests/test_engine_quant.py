@@ -104,3 +104,16 @@ def test_demotion_keeps_quantized_values(store_path: Path) -> None:
 def test_bad_quant_config(quant: str) -> None:
     with pytest.raises(ConfigError):
         quant_config(quant)
+
+
+def test_short_tail_chunks_stay_unquantized(store_path: Path) -> None:
+    with Engine.open(store_path, quant_config("kivi(bits=4)")) as e:
+        t = list(range(17))                                  # one full chunk and a 1-token tail
+        kv = random_kv(SPEC, 17)
+        e.put(t, kv, model=SPEC)
+        keys = chunk_keys(as_token_array(t), SPEC.fingerprint(), 16)
+        full = decode_record(e.tiers["dram"].get(block_key(keys[0], 0)) or b"").header
+        tail = decode_record(e.tiers["dram"].get(block_key(keys[1], 0)) or b"").header
+        assert header_stages(full)[0] is not None and header_stages(tail)[0] is None
+        got = e.get(t, model=SPEC)
+        assert got.ok and np.array_equal(got.kv[:, :, 16:], kv[:, :, 16:])   # tail exact

@@ -50,8 +50,6 @@ F16_MAX = np.float32(65504.0)
 CHUNK = 4096
 
 
-
-
 def _hardware_half() -> bool:
     """True when LLVM turns float16 <-> float32 conversions into instructions (x86 F16C,
     ARM); otherwise the kernels use their integer-only conversions."""

@@ -201,6 +201,9 @@ def test_non_contiguous_and_readonly_inputs() -> None:
     assert q.encode(wide[..., ::2]) == ref
     assert q.decode(bytearray(ref), x.shape, "float16").tobytes() == \
         q.decode(memoryview(ref), x.shape, np.dtype(np.float16)).tobytes()
+    # big-endian input is the same block
+    assert q.encode(x.astype(">f2")) == ref
+    assert get_quantizer("none").encode(x.astype(">f2")) == x.tobytes()
     # decoding from a buffer at an odd offset (unaligned metadata) gives the same values
     padded = b"\x00" + ref
     assert same_values(q.decode(memoryview(padded)[1:], x.shape, "float16"),
@@ -266,3 +269,17 @@ def test_error_bound_real_shapes(shape: tuple[int, ...], dtype: str, bits: int) 
             assert same_values(y, dequant_ref(p.codes, s, z, dtype))
             err = np.abs(x.astype(np.float64) - y.astype(np.float64))
             assert (err <= error_bound(x, s, z, bits, dtype)).all()
+
+
+@given(st.integers(1, 70), st.integers(1, 3), st.sampled_from([1, 4, 8, 64]),
+       st.sampled_from(DTYPES), st.sampled_from(KINDS), st.integers(0, 2**32 - 1),
+       st.sampled_from(["none", "kivi(bits=16)", {"id": "kivi", "bits": 16, "group": 8}]))
+def test_sixteen_bits_is_exact(t: int, h: int, d: int, dtype: str, kind: str, seed: int,
+                               spec: str | dict[str, object]) -> None:
+    shape = (2, t, h, d)
+    x = make_block(seed, shape, dtype, kind)
+    x.reshape(-1)[seed % x.size] = np.nan  # anything goes, NaN included
+    q = get_quantizer(spec)
+    enc = q.encode(x)
+    assert len(enc) == q.encoded_size(shape, dtype) == x.nbytes
+    assert same_values(q.decode(enc, shape, dtype), x)
