@@ -64,6 +64,8 @@ def attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_hat: np.ndarr
         return w @ vv  # type: ignore[no-any-return]
 
     ref = attend(k, v)
+    if not (np.all(np.isfinite(k_hat)) and np.all(np.isfinite(v_hat))):
+        return math.inf
     out = attend(k_hat, v_hat)
     if not np.all(np.isfinite(out)):
         return math.inf
