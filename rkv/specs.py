@@ -1,0 +1,112 @@
+"""One registry of named, configurable stages (codecs, quantizers) and their spec strings.
+
+A spec string is ``id`` or ``id(a, b, key=value)``: positional arguments are named by the
+class's ``positional`` tuple, integers are parsed, quotes stripped. ``Registry.get`` accepts a
+spec string, a config dict with an ``id``, or an instance (returned as is).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar, cast
+
+from rkv.errors import ConfigError
+
+T = TypeVar("T")
+
+_SPEC_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*$", re.DOTALL)
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_INT_RE = re.compile(r"^[+-]?\d+$")
+
+
+def _parse_value(text: str) -> Any:
+    text = text.strip()
+    if _INT_RE.match(text):
+        return int(text)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+class Registry(Generic[T]):
+    """Classes of one kind (``what``, e.g. "codec"), by their ``codec_id``."""
+
+    def __init__(self, what: str, base: type[Any], example: str) -> None:
+        self.what = what
+        self.base = base
+        self.example = example
+        self._classes: dict[str, type[T]] = {}
+
+    def register(self, cls: type[T]) -> type[T]:
+        """Register ``cls`` under its ``codec_id`` (usable as a decorator)."""
+        cid = getattr(cls, "codec_id", None)
+        if not isinstance(cid, str) or not _KEY_RE.match(cid):
+            raise ConfigError(f"{self.what} class {cls.__name__} has no valid codec_id")
+        old = self._classes.get(cid)
+        if old is not None and old is not cls:
+            raise ConfigError(f"{self.what} id {cid!r} is already registered to {old.__name__}")
+        self._classes[cid] = cls
+        return cls
+
+    def available(self) -> tuple[str, ...]:
+        return tuple(sorted(self._classes))
+
+    def cls(self, cid: str) -> type[T]:
+        try:
+            return self._classes[cid]
+        except KeyError:
+            raise ConfigError(
+                f"unknown {self.what} {cid!r}; known: {', '.join(self.available())}"
+            ) from None
+
+    def parse(self, spec: str) -> dict[str, Any]:
+        """Turn ``"id(a, b, key=value)"`` into a config dict."""
+        what = f"{self.what} spec {spec!r}"
+        m = _SPEC_RE.match(spec)
+        if m is None:
+            raise ConfigError(f"malformed {what}; expected e.g. {self.example!r}")
+        cid = m.group(1).lower()
+        positional: tuple[str, ...] = getattr(self.cls(cid), "positional", ())
+        cfg: dict[str, Any] = {"id": cid}
+        body = m.group(2)
+        if body is None or not body.strip():
+            return cfg
+        seen_kw = False
+        for pos, part in enumerate(body.split(",")):
+            part = part.strip()
+            if not part:
+                raise ConfigError(f"empty argument in {what}")
+            if "=" in part:
+                key, _, val = part.partition("=")
+                key = key.strip()
+                if not _KEY_RE.match(key):
+                    raise ConfigError(f"bad parameter name {key!r} in {what}")
+                if key in cfg:
+                    raise ConfigError(f"parameter {key!r} given twice in {what}")
+                cfg[key] = _parse_value(val)
+                seen_kw = True
+            else:
+                if seen_kw:
+                    raise ConfigError(f"positional argument after keyword in {what}")
+                if pos >= len(positional):
+                    raise ConfigError(
+                        f"too many positional arguments in {what}; {cid} takes "
+                        f"{', '.join(positional) or 'none'}"
+                    )
+                cfg[positional[pos]] = _parse_value(part)
+        return cfg
+
+    def get(self, spec: str | Mapping[str, Any] | T) -> T:
+        """An instance from a spec string, a config dict or an instance (returned as is)."""
+        if isinstance(spec, self.base):
+            return cast(T, spec)
+        if isinstance(spec, str):
+            cfg: Mapping[str, Any] = self.parse(spec)
+        elif isinstance(spec, Mapping):
+            cfg = spec
+            if "id" not in cfg or not isinstance(cfg["id"], str):
+                raise ConfigError(f"{self.what} config needs a string 'id'")
+        else:
+            raise ConfigError(f"cannot make a {self.what} from {type(spec).__name__}")
+        return self.cls(cfg["id"]).from_config(cfg)  # type: ignore[attr-defined,no-any-return]
