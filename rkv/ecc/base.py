@@ -24,6 +24,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import numpy.typing as npt
 
+from rkv.buffers import as_u8 as as_u8  # re-exported for the kernels
+from rkv.buffers import readonly as readonly
 from rkv.errors import ConfigError, InputError, UncorrectableError
 
 U8 = npt.NDArray[np.uint8]
@@ -61,41 +63,6 @@ def clean(data: bytes) -> DecodeResult:
 
 def uncorrectable(detail: str) -> DecodeResult:
     return DecodeResult(b"", UNCORRECTABLE, 0, detail)
-
-
-def as_u8(data: Any) -> U8:
-    """A read-only, 1-D, C-contiguous ``uint8`` view of ``data`` (copied only if it must be).
-
-    Accepts ``bytes``, ``bytearray``, ``memoryview`` and any ``numpy`` array (its raw bytes).
-    Every kernel receives arrays built by this function, so each kernel compiles once.
-    """
-    if isinstance(data, np.ndarray):
-        arr = data
-        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    elif isinstance(data, bytes | bytearray):
-        arr = np.frombuffer(data, dtype=np.uint8)
-    else:
-        try:
-            mv = memoryview(data)
-        except TypeError as exc:
-            raise InputError(f"expected a bytes-like object, got {type(data).__name__}") from exc
-        if not mv.c_contiguous:
-            arr = np.ascontiguousarray(np.asarray(mv)).reshape(-1).view(np.uint8)
-        else:
-            arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)
-    if arr.flags.writeable:
-        arr = arr.view()
-        arr.flags.writeable = False
-    return arr
-
-
-def readonly(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """A read-only view of ``arr`` (kernels take read-only inputs only)."""
-    if arr.flags.writeable:
-        arr = arr.view()
-        arr.flags.writeable = False
-    return arr
 
 
 def normalize_erasures(erasures: Iterable[int] | None, size: int) -> npt.NDArray[np.int64]:

@@ -24,7 +24,9 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from rkv.errors import ConfigError, InputError, ShapeError
+from rkv.buffers import as_u8 as as_u8  # re-exported for the kernels
+from rkv.buffers import readonly as readonly
+from rkv.errors import ConfigError, ShapeError
 
 U8 = npt.NDArray[np.uint8]
 BytesLike = bytes | bytearray | memoryview | npt.NDArray[Any]
@@ -107,34 +109,6 @@ def check_block(block: Any) -> tuple[npt.NDArray[Any], str]:
     if not arr.flags.aligned:
         arr = arr.copy()
     return arr, name
-
-
-def as_u8(data: Any) -> U8:
-    """A read-only, 1-D, C-contiguous ``uint8`` view of ``data`` (copied only if it must be)."""
-    if isinstance(data, np.ndarray):
-        arr = data
-        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    elif isinstance(data, bytes | bytearray):
-        arr = np.frombuffer(data, dtype=np.uint8)
-    else:
-        try:
-            mv = memoryview(data)
-        except TypeError as exc:
-            raise InputError(f"expected a bytes-like object, got {type(data).__name__}") from exc
-        arr = np.frombuffer(mv.cast("B") if mv.c_contiguous else mv.tobytes(), dtype=np.uint8)
-    if arr.flags.writeable:
-        arr = arr.view()
-        arr.flags.writeable = False
-    return arr
-
-
-def readonly(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """A read-only view of ``arr`` (kernels take read-only inputs, one specialisation each)."""
-    if arr.flags.writeable:
-        arr = arr.view()
-        arr.flags.writeable = False
-    return arr
 
 
 # ---------------------------------------------------------------------- config helpers
