@@ -223,6 +223,48 @@ def cast_to(dtype: str) -> KVTransform:
     return transform
 
 
+def _capture_queries(model: Any) -> tuple[list[Any], Callable[[], None]]:
+    """Hooks that record every layer's query projection (Llama-family attention)."""
+    store: list[Any] = [None] * len(model.model.layers)
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+        def hook(_m: Any, _i: Any, out: Any, i: int = i) -> None:
+            store[i] = out.detach()
+        handles.append(layer.self_attn.q_proj.register_forward_hook(hook))
+
+    def remove() -> None:
+        for h in handles:
+            h.remove()
+
+    return store, remove
+
+
+def _rope_queries(model: Any, q: Any, start: int, head_dim: int) -> np.ndarray:
+    """``[q_heads, n, d]`` queries after RoPE at positions ``start..start+n``."""
+    import torch
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    n = q.shape[1]
+    q = q.view(1, n, -1, head_dim).transpose(1, 2)
+    cos, sin = model.model.rotary_emb(q, torch.arange(start, start + n)[None])
+    return apply_rotary_pos_emb(q, q, cos, sin)[0][0].numpy()  # type: ignore[no-any-return]
+
+
+def mean_attention_error(model: Any, queries: list[Any], kv: np.ndarray, kv2: np.ndarray,
+                         start: int) -> float:
+    """Mean over layers of :func:`attention_error` with the model's real (post-RoPE) queries
+    of the scored tokens, against the stored prefix's keys and values."""
+    d = kv.shape[-1]
+    errs = []
+    for layer, q in enumerate(queries):
+        qr = _rope_queries(model, q, start, d)
+        k, v = kv[layer, 0].transpose(1, 0, 2), kv[layer, 1].transpose(1, 0, 2)
+        k2, v2 = kv2[layer, 0].transpose(1, 0, 2), kv2[layer, 1].transpose(1, 0, 2)
+        errs.append(attention_error(qr, k.astype(np.float32), v.astype(np.float32),
+                                    k2.astype(np.float32), v2.astype(np.float32)))
+    return float(np.mean(errs))
+
+
 # -- end to end ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Quality:
@@ -234,10 +276,12 @@ class Quality:
     recomputed: int           # windows whose stored KV was unusable (DUE -> recompute)
     snr_db: float
     report: dict[str, int]
+    attention_error: float = math.nan   # mean relative error of attention outputs, real queries
 
     def row(self) -> dict[str, Any]:
         return {"setting": self.label, "perplexity": self.perplexity, "kl": self.kl,
-                "top1": self.top1, "snr_db": self.snr_db, "windows": self.windows,
+                "top1": self.top1, "snr_db": self.snr_db,
+                "attention_error": self.attention_error, "windows": self.windows,
                 "recomputed": self.recomputed, **{f"blocks_{k}": v for k, v in
                                                   self.report.items()}}
 
@@ -253,6 +297,7 @@ def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None
     nll = kl_sum = 0.0
     agree = scored = recomputed = 0
     snrs: list[float] = []
+    attn: list[float] = []
     report: dict[str, int] = {}
     for ids in windows:
         if len(ids) <= prefix + 1:
@@ -261,7 +306,12 @@ def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None
         with torch.no_grad():
             pre = model(x[:, :prefix], use_cache=True)
             kv = kv_from_cache(pre.past_key_values)
-            ref = model(x[:, prefix:], cache=cache_from_kv(kv, model.config), use_cache=True)
+            queries, unhook = _capture_queries(model)
+            try:
+                ref = model(x[:, prefix:], cache=cache_from_kv(kv, model.config),
+                            use_cache=True)
+            finally:
+                unhook()
             ref_logits = torch.cat([pre.logits[:, -1:], ref.logits[:, :-1]], dim=1)[0]
             if transform is None:
                 test_logits = ref_logits
@@ -274,6 +324,7 @@ def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None
                     recomputed += 1
                     kv2 = kv
                 snrs.append(snr_db(kv, kv2))
+                attn.append(mean_attention_error(model, queries, kv, kv2, prefix))
                 out = model(x[:, prefix:], cache=cache_from_kv(kv2, model.config),
                             use_cache=True)
                 # The first scored token's distribution came from the (untouched) prefill.
@@ -289,15 +340,17 @@ def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None
     finite = [s for s in snrs if not math.isnan(s)]
     return Quality(label or "reference", math.exp(nll / scored) if math.isfinite(nll) else
                    math.inf, kl_sum / scored, agree / scored, len(windows), recomputed,
-                   min(finite) if finite else math.nan, report)
+                   min(finite) if finite else math.nan, report,
+                   float(np.mean(attn)) if attn else 0.0)
 
 
 def format_table(rows: list[Quality]) -> str:
     head = (f"{'setting':<44} {'perplexity':>10} {'KL (nats)':>10} {'top-1':>6} "
-            f"{'SNR dB':>7} {'recomputed':>10}  blocks")
+            f"{'SNR dB':>7} {'attn err':>9} {'recomputed':>10}  blocks")
     lines = [head, "-" * len(head)]
     for q in rows:
         blocks = ", ".join(f"{k}={v}" for k, v in sorted(q.report.items()))
         lines.append(f"{q.label:<44} {q.perplexity:>10.3f} {q.kl:>10.3g} {q.top1:>6.3f} "
-                     f"{q.snr_db:>7.1f} {q.recomputed:>10}  {blocks}")
+                     f"{q.snr_db:>7.1f} {q.attention_error:>9.2g} {q.recomputed:>10}  "
+                     f"{blocks}")
     return "\n".join(lines)

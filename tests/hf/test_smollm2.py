@@ -37,6 +37,7 @@ def test_quality_through_rkv_on_smollm2(smollm2: tuple[object, object]) -> None:
     assert exact.kl == 0 and exact.top1 == 1 and exact.perplexity == ref.perplexity
     fp16 = evaluate(model, windows, cast_to("float16"), prefix=256)
     assert 0 < fp16.kl < 1e-4
+    assert exact.attention_error == 0 and 0 < fp16.attention_error < 1e-3
     raw = evaluate(model, windows, raw_flips(1e-4), prefix=256)
     assert not math.isfinite(raw.perplexity) or raw.kl > 0.1      # what peers hand back
     fm = {"model": "raw-ber", "ber": 1e-4}
