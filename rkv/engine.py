@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -991,11 +991,3 @@ class Engine:
                 return BlockStatus(meta.pos, layer, tier, UNCORRECTABLE, 0, exc)
         status = CORRECTED if repairs or corrected else OK
         return BlockStatus(meta.pos, layer, tier, status, corrected, None, repairs)
-
-    def iter_block_keys(self) -> Iterator[tuple[str, bytes]]:
-        """(tier, block key) of every block the index refers to."""
-        with self._index.env.read() as txn:
-            entries = list(self._index.chunks(txn))
-        for key, meta in entries:
-            for layer, (tier, _) in enumerate(meta.blocks):
-                yield tier, block_key(key, layer)
