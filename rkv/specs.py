@@ -8,8 +8,10 @@ spec string, a config dict with an ``id``, or an instance (returned as is).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
+
+import numpy as np
 
 from rkv.errors import ConfigError
 
@@ -27,6 +29,78 @@ def _parse_value(text: str) -> Any:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
+
+
+class Configured:
+    """Identity by configuration for codecs and quantizers: equal configs are equal stages."""
+
+    def get_config(self) -> dict[str, Any]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def spec(self) -> str:
+        """The string form, e.g. ``rs(255,223,interleave=8)`` or ``kivi(bits=4,group=32)``."""
+        cfg = self.get_config()
+        args = [f"{k}={v}" for k, v in cfg.items() if k != "id"]
+        return f"{cfg['id']}({','.join(args)})" if args else str(cfg["id"])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Configured):
+            return NotImplemented
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, str(v)) for k, v in self.get_config().items())))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec}>"
+
+
+# -- config validation helpers ---------------------------------------------------------------
+def check_keys(cfg: Mapping[str, Any], codec_id: str, allowed: Iterable[str]) -> None:
+    """Raise ConfigError unless ``cfg`` is a mapping for ``codec_id`` with only ``allowed``."""
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"{codec_id} config must be a mapping, got {type(cfg).__name__}")
+    if cfg.get("id") != codec_id:
+        raise ConfigError(f"config id {cfg.get('id')!r} is not {codec_id!r}")
+    extra = sorted(set(cfg) - set(allowed) - {"id"})
+    if extra:
+        raise ConfigError(
+            f"{codec_id}: unknown parameter(s) {', '.join(map(repr, extra))}; "
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
+        )
+
+
+def int_param(
+    cfg: Mapping[str, Any],
+    codec_id: str,
+    name: str,
+    *,
+    lo: int,
+    hi: int,
+    default: int | None = None,
+) -> int:
+    """An integer parameter in ``[lo, hi]``; bools and non-integers are rejected."""
+    if name not in cfg:
+        if default is None:
+            raise ConfigError(f"{codec_id}: missing required parameter {name!r}")
+        return default
+    val = cfg[name]
+    if isinstance(val, bool) or not isinstance(val, int | np.integer):
+        raise ConfigError(f"{codec_id}: {name} must be an integer, got {val!r}")
+    ival = int(val)
+    if not lo <= ival <= hi:
+        raise ConfigError(f"{codec_id}: {name}={ival} out of range [{lo}, {hi}]")
+    return ival
+
+
+def choice_param(
+    cfg: Mapping[str, Any], codec_id: str, name: str, choices: tuple[str, ...], default: str
+) -> str:
+    val = cfg.get(name, default)
+    if not isinstance(val, str) or val not in choices:
+        raise ConfigError(f"{codec_id}: {name} must be one of {choices}, got {val!r}")
+    return val
 
 
 class Registry(Generic[T]):

@@ -26,7 +26,11 @@ import numpy.typing as npt
 
 from rkv.buffers import as_u8 as as_u8  # re-exported for the kernels
 from rkv.buffers import readonly as readonly
-from rkv.errors import ConfigError, InputError, UncorrectableError
+from rkv.errors import InputError, UncorrectableError
+from rkv.specs import Configured
+from rkv.specs import check_keys as check_keys  # re-exported for the implementations
+from rkv.specs import choice_param as choice_param
+from rkv.specs import int_param as int_param
 
 U8 = npt.NDArray[np.uint8]
 Status = Literal["clean", "corrected", "uncorrectable"]
@@ -78,7 +82,7 @@ def normalize_erasures(erasures: Iterable[int] | None, size: int) -> npt.NDArray
     return arr
 
 
-class Codec(ABC):
+class Codec(Configured, ABC):
     """Base class of every codec. Subclasses are immutable and compare equal by config."""
 
     codec_id: ClassVar[str]
@@ -134,13 +138,6 @@ class Codec(ABC):
     def from_config(cls, cfg: Mapping[str, Any]) -> Codec:
         """Build a codec from a config dict; raises :class:`~rkv.errors.ConfigError`."""
 
-    @property
-    def spec(self) -> str:
-        """The string form of this codec, e.g. ``rs(255,223,interleave=8)``."""
-        cfg = self.get_config()
-        args = [f"{k}={v}" for k, v in cfg.items() if k != "id"]
-        return f"{cfg['id']}({','.join(args)})" if args else str(cfg["id"])
-
     # ---------------------------------------------------------------- maths
     @property
     def n(self) -> int | None:
@@ -171,62 +168,3 @@ class Codec(ABC):
     def corrects(self) -> bool:
         """True for error-correcting codes, False for detection-only checksums."""
         return self.t > 0
-
-    # ---------------------------------------------------------------- misc
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Codec):
-            return NotImplemented
-        return self.get_config() == other.get_config()
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted((k, str(v)) for k, v in self.get_config().items())))
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.spec}>"
-
-
-# ---------------------------------------------------------------- config validation helpers
-def check_keys(cfg: Mapping[str, Any], codec_id: str, allowed: Iterable[str]) -> None:
-    """Raise ConfigError unless ``cfg`` is a mapping for ``codec_id`` with only ``allowed``."""
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"codec config must be a mapping, got {type(cfg).__name__}")
-    if cfg.get("id") != codec_id:
-        raise ConfigError(f"config id {cfg.get('id')!r} is not {codec_id!r}")
-    extra = sorted(set(cfg) - set(allowed) - {"id"})
-    if extra:
-        raise ConfigError(
-            f"{codec_id}: unknown parameter(s) {', '.join(map(repr, extra))}; "
-            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
-        )
-
-
-def int_param(
-    cfg: Mapping[str, Any],
-    codec_id: str,
-    name: str,
-    *,
-    lo: int,
-    hi: int,
-    default: int | None = None,
-) -> int:
-    """An integer parameter in ``[lo, hi]``; bools and non-integers are rejected."""
-    if name not in cfg:
-        if default is None:
-            raise ConfigError(f"{codec_id}: missing required parameter {name!r}")
-        return default
-    val = cfg[name]
-    if isinstance(val, bool) or not isinstance(val, int | np.integer):
-        raise ConfigError(f"{codec_id}: {name} must be an integer, got {val!r}")
-    ival = int(val)
-    if not lo <= ival <= hi:
-        raise ConfigError(f"{codec_id}: {name}={ival} out of range [{lo}, {hi}]")
-    return ival
-
-
-def choice_param(
-    cfg: Mapping[str, Any], codec_id: str, name: str, choices: tuple[str, ...], default: str
-) -> str:
-    val = cfg.get(name, default)
-    if not isinstance(val, str) or val not in choices:
-        raise ConfigError(f"{codec_id}: {name} must be one of {choices}, got {val!r}")
-    return val

@@ -26,7 +26,10 @@ import numpy.typing as npt
 
 from rkv.buffers import as_u8 as as_u8  # re-exported for the kernels
 from rkv.buffers import readonly as readonly
-from rkv.errors import ConfigError, ShapeError
+from rkv.errors import ShapeError
+from rkv.specs import Configured
+from rkv.specs import check_keys as check_keys  # re-exported for the implementations
+from rkv.specs import int_param as int_param
 
 U8 = npt.NDArray[np.uint8]
 BytesLike = bytes | bytearray | memoryview | npt.NDArray[Any]
@@ -111,38 +114,7 @@ def check_block(block: Any) -> tuple[npt.NDArray[Any], str]:
     return arr, name
 
 
-# ---------------------------------------------------------------------- config helpers
-def check_keys(cfg: Mapping[str, Any], qid: str, allowed: Iterable[str]) -> None:
-    """Raise ConfigError unless ``cfg`` is a mapping for ``qid`` with only ``allowed`` keys."""
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"quantizer config must be a mapping, got {type(cfg).__name__}")
-    if cfg.get("id") != qid:
-        raise ConfigError(f"config id {cfg.get('id')!r} is not {qid!r}")
-    extra = sorted(set(cfg) - set(allowed) - {"id"})
-    if extra:
-        raise ConfigError(
-            f"{qid}: unknown parameter(s) {', '.join(map(repr, extra))}; "
-            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
-        )
-
-
-def int_param(
-    cfg: Mapping[str, Any], qid: str, name: str, *, lo: int, hi: int, default: int
-) -> int:
-    """An integer parameter in ``[lo, hi]``; bools and non-integers are rejected."""
-    if name not in cfg:
-        return default
-    val = cfg[name]
-    if isinstance(val, bool) or not isinstance(val, int | np.integer):
-        raise ConfigError(f"{qid}: {name} must be an integer, got {val!r}")
-    ival = int(val)
-    if not lo <= ival <= hi:
-        raise ConfigError(f"{qid}: {name}={ival} out of range [{lo}, {hi}]")
-    return ival
-
-
-# ---------------------------------------------------------------------- the interface
-class Quantizer(ABC):
+class Quantizer(Configured, ABC):
     """Base class of every quantizer. Subclasses are immutable and compare equal by config."""
 
     codec_id: ClassVar[str]
@@ -194,22 +166,3 @@ class Quantizer(ABC):
     @abstractmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Quantizer:
         """Build a quantizer from a config dict; raises :class:`~rkv.errors.ConfigError`."""
-
-    @property
-    def spec(self) -> str:
-        """The string form of this quantizer, e.g. ``kivi(bits=4,group=32)``."""
-        cfg = self.get_config()
-        args = [f"{k}={v}" for k, v in cfg.items() if k != "id"]
-        return f"{cfg['id']}({','.join(args)})" if args else str(cfg["id"])
-
-    # ---------------------------------------------------------------- misc
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Quantizer):
-            return NotImplemented
-        return self.get_config() == other.get_config()
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted((k, str(v)) for k, v in self.get_config().items())))
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.spec}>"
