@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +147,8 @@ class RkvRoundTrip:
         from rkv.model import ModelSpec
 
         root = Path(tempfile.mkdtemp(prefix="rkv-quality-"))
-        tier = replace(TierConfig("t0", medium="memory", path=str(root / "t0"),
-                                  capacity_bytes=1 << 40, ecc=self.ecc), quant=self.quant)
+        tier = TierConfig("t0", medium="memory", path=str(root / "t0"), capacity_bytes=1 << 40,
+                          ecc=self.ecc, quant=self.quant)
         spec = ModelSpec("quality/kv", n_layers=kv.shape[0], n_kv_heads=kv.shape[3],
                          head_dim=kv.shape[4], dtype=kv.dtype.name)
         report: dict[str, int] = {}
