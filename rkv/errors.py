@@ -31,7 +31,15 @@ class StoreClosedError(RkvError):
 
 
 class TierFullError(RkvError):
-    """A tier cannot take more data, even after growing its map and evicting."""
+    """A tier cannot take more data: its capacity, its map or its disk is full."""
+
+
+class StoreError(RkvError, OSError):
+    """The store cannot be used as asked: it is missing, read-only, or an I/O call failed."""
+
+
+class ReadOnlyStoreError(StoreError, PermissionError):
+    """A mutation was attempted on a store opened read-only (or on read-only files)."""
 
 
 class IntegrityError(RkvError):
@@ -66,17 +74,25 @@ class MissingRecordError(IntegrityError):
     """The index refers to a record that its tier does not hold."""
 
 
+class CorruptStoreError(IntegrityError):
+    """A database page of the index or of a tier is damaged (LMDB reported corruption), or an
+    index entry failed its checksum. Reads of the affected blocks fail; nothing else is lost."""
+
+
 __all__ = [
     "ChecksumError",
     "ConfigError",
     "CorruptRecordError",
+    "CorruptStoreError",
     "InputError",
     "IntegrityError",
     "MissingRecordError",
+    "ReadOnlyStoreError",
     "RecordMismatchError",
     "RkvError",
     "ShapeError",
     "StoreClosedError",
+    "StoreError",
     "TierFullError",
     "TruncatedRecordError",
     "UncorrectableError",

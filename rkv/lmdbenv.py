@@ -1,45 +1,136 @@
-"""Shared handling of LMDB environments: one handle per path and process, map growth.
+"""Shared LMDB environments: one handle per path and process, a fixed map, typed errors.
 
 LMDB forbids opening one environment twice in a process, and an environment must never be
 used across ``fork``. Handles are therefore shared per real path and tagged with the pid that
 opened them; a handle used in another process raises :class:`StoreClosedError`.
+
+The map is sized once, large and sparse (address space, not memory or disk: the file grows
+only as pages are written), and never resized while this process has a transaction open:
+``mdb_env_set_mapsize`` under a live reader remaps memory that reader is still using, which
+crashed readers when the map grew under them. The one remaining resize, adopting a larger map
+that another process committed, waits until no transaction of this process is open.
+
+Every LMDB failure leaves this module as a typed :class:`~rkv.errors.RkvError`: damaged pages
+as :class:`CorruptStoreError`, a full map or disk as :class:`TierFullError`, read-only files as
+:class:`ReadOnlyStoreError`, anything else as :class:`StoreError`.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
 import lmdb
+import lmdb.verify as lmdb_verify
 
-from rkv.errors import StoreClosedError, TierFullError
+from rkv.errors import (
+    CorruptStoreError,
+    ReadOnlyStoreError,
+    RkvError,
+    StoreClosedError,
+    StoreError,
+    TierFullError,
+)
 
 T = TypeVar("T")
 _lock = threading.Lock()
 _open: dict[str, tuple[SharedEnv, int]] = {}
-#: Hard ceiling for automatic map growth.
-MAX_MAP_BYTES = 1 << 44
+
+GiB = 1 << 30
+#: Smallest map of any environment (address space only: LMDB files are sparse).
+MIN_MAP_BYTES = 64 * GiB
+
+_CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
+            lmdb.BadValsizeError, lmdb.PanicError, lmdb.VersionMismatchError,
+            lmdb.IncompatibleError, lmdb.BadDbiError)
+
+
+def map_bytes_for(capacity: int) -> int:
+    """The fixed map size for an environment holding about ``capacity`` bytes: room for
+    copy-on-write pages kept alive by long readers, rounded to a GiB."""
+    want = max(MIN_MAP_BYTES, 4 * capacity + GiB)
+    return -(-want // GiB) * GiB
+
+
+def translate(exc: BaseException, where: str) -> RkvError:
+    """The typed rkv error for an LMDB (or OS) failure at ``where``."""
+    if isinstance(exc, RkvError):
+        return exc
+    msg = f"{where}: {exc}"
+    if isinstance(exc, lmdb.MapFullError):
+        return TierFullError(f"{where}: the LMDB map is full ({exc})")
+    if isinstance(exc, lmdb.ReadonlyError) or getattr(exc, "errno", None) in (
+            errno.EACCES, errno.EROFS, errno.EPERM):
+        return ReadOnlyStoreError(f"{where}: read-only ({exc})")
+    if isinstance(exc, _CORRUPT):
+        return CorruptStoreError(f"{where}: damaged database ({exc})")
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space" in str(exc):
+        return TierFullError(f"{where}: no space left on the device ({exc})")
+    if isinstance(exc, lmdb.Error) and "closed" in str(exc):
+        return StoreClosedError(msg)
+    return StoreError(msg)
+
+
+@contextmanager
+def typed(where: str) -> Iterator[None]:
+    """Re-raise LMDB and OS errors inside the block as typed rkv errors."""
+    try:
+        yield
+    except (lmdb.Error, OSError) as exc:
+        raise translate(exc, where) from exc
 
 
 class SharedEnv:
     """An LMDB environment with named databases, shared by every user in one process."""
 
-    def __init__(self, path: Path, *, map_size: int, dbs: tuple[bytes, ...], sync: bool) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, *, map_size: int, dbs: tuple[bytes, ...], sync: bool,
+                 readonly: bool = False, create: bool = True) -> None:
         self.path = path
         self.pid = os.getpid()
-        self.env = lmdb.open(
-            str(path), map_size=map_size, max_dbs=len(dbs) + 1, sync=sync, metasync=sync,
-            readahead=False, max_readers=512, subdir=True, lock=True,
-        )
-        # Another process may have grown the map already: adopt its size.
-        self.env.set_mapsize(max(map_size, self.env.info()["map_size"]))
-        self.dbs = {name: self.env.open_db(name) for name in dbs}
-        self._grow_lock = threading.Lock()
+        self.readonly = readonly
+        #: True when this open created the environment (it held no data file before).
+        self.new = not (path / "data.mdb").exists()
+        if self.new and (readonly or not create):
+            raise StoreError(f"{path}: no LMDB environment here")
+        with typed(f"opening {path}"):
+            if not readonly:
+                path.mkdir(parents=True, exist_ok=True)
+            self.env = self._open(map_size, len(dbs), sync)
+            self.dbs: dict[bytes, Any] = {}
+            try:
+                for name in dbs:
+                    try:
+                        self.dbs[name] = self.env.open_db(name, create=not readonly)
+                    except lmdb.NotFoundError:
+                        self.dbs[name] = None  # read-only, never written: reads find nothing
+            except BaseException:
+                self.env.close()
+                raise
+        self._cv = threading.Condition()
+        self._active = 0
+        self._resizing = False
+        self._closed = False
+        self._local = threading.local()
+        self._wlock = threading.RLock()
+        self._lockfd: int | None = None
+        self._pages_ok_at: int | None = None
+
+    def _open(self, map_size: int, n_dbs: int, sync: bool) -> Any:
+        kw: dict[str, Any] = dict(map_size=map_size, max_dbs=n_dbs + 1, sync=sync, metasync=sync,
+                  readahead=False, max_readers=512, subdir=True, readonly=self.readonly)
+        try:
+            return lmdb.open(str(self.path), lock=True, **kw)
+        except (lmdb.Error, OSError):
+            if not self.readonly:
+                raise
+            # Read-only media cannot take LMDB's lock file: read without it.
+            return lmdb.open(str(self.path), lock=False, **kw)
 
     def check(self) -> None:
         if os.getpid() != self.pid:
@@ -47,66 +138,163 @@ class SharedEnv:
                 f"LMDB environment {self.path} was opened in process {self.pid}; "
                 "open the store again in this process instead of inheriting it across fork"
             )
+        if self._closed:
+            raise StoreClosedError(f"LMDB environment {self.path} is closed")
 
     def db(self, name: bytes) -> Any:
         return self.dbs[name]
 
+    # -- transactions ---------------------------------------------------------------------------
+    @contextmanager
+    def _slot(self) -> Iterator[None]:
+        """Count an open transaction of this process (resizes and close wait for none)."""
+        with self._cv:
+            while self._resizing:
+                self._cv.wait()
+            self.check()
+            self._active += 1
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1
+            with self._cv:
+                self._active -= 1
+                self._cv.notify_all()
+
+    def _adopt_map_size(self) -> None:
+        """Another process grew the map past ours: adopt its size once no transaction of this
+        process is open (remapping under a live reader is what LMDB forbids)."""
+        if getattr(self._local, "depth", 0):
+            raise StoreError(f"{self.path}: the map was grown by another process while this "
+                             "thread holds a transaction; retry the call")
+        with self._cv:
+            if self._resizing:
+                while self._resizing:
+                    self._cv.wait()
+                return
+            self._resizing = True
+            try:
+                while self._active:
+                    self._cv.wait()
+                with typed(f"resizing {self.path}"):
+                    self.env.set_mapsize(0)
+            finally:
+                self._resizing = False
+                self._cv.notify_all()
+
     @contextmanager
     def read(self) -> Iterator[Any]:
+        """A read snapshot; zero-copy buffers from it are valid only inside the block."""
         self.check()
-        try:
-            txn = self.env.begin(buffers=True)
-        except lmdb.MapResizedError:
-            self.env.set_mapsize(0)  # adopt the size another process grew the map to
-            txn = self.env.begin(buffers=True)
-        try:
-            yield txn
-        finally:
-            txn.abort()
+        for _ in range(4):
+            with self._slot():
+                try:
+                    txn = self.env.begin(buffers=True)
+                except lmdb.MapResizedError:
+                    txn = None
+                except lmdb.Error as exc:
+                    raise translate(exc, f"reading {self.path}") from exc
+                if txn is not None:
+                    try:
+                        yield txn
+                    except lmdb.Error as exc:
+                        raise translate(exc, f"reading {self.path}") from exc
+                    finally:
+                        txn.abort()
+                    return
+            self._adopt_map_size()
+        raise StoreError(f"{self.path}: the map keeps being resized by another process")
 
-    def write(self, fn: Callable[[Any], T], *, reserve: int = 0) -> T:
-        """Run ``fn(txn)`` in a write transaction, growing the map and retrying when full.
+    def write(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(txn)`` in a write transaction and commit; any failure aborts it."""
+        self.check()
+        if self.readonly:
+            raise ReadOnlyStoreError(f"{self.path} is open read-only")
+        for _ in range(4):
+            with self._slot():
+                try:
+                    txn = self.env.begin(write=True)
+                except lmdb.MapResizedError:
+                    txn = None
+                except lmdb.Error as exc:
+                    raise translate(exc, f"writing {self.path}") from exc
+                if txn is not None:
+                    try:
+                        result = fn(txn)
+                        txn.commit()
+                        return result
+                    except (lmdb.Error, OSError) as exc:
+                        txn.abort()
+                        raise translate(exc, f"writing {self.path}") from exc
+                    except BaseException:
+                        txn.abort()
+                        raise
+            self._adopt_map_size()
+        raise StoreError(f"{self.path}: the map keeps being resized by another process")
 
-        ``reserve`` (bytes about to be written) grows the map ahead of time, so a large batch
-        does not fail and retry once per doubling.
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The store's writer lock: one holder across threads (a lock) and processes (flock).
+
+        Held around a whole mutation, tier writes, index commit and record deletions, so no
+        other writer can act between a commit and the deletions it planned.
         """
         self.check()
-        if reserve:
-            self.ensure_room(reserve)
-        while True:
+        with self._wlock:
+            if self._lockfd is None:
+                self._lockfd = self._open_lockfile()
+            fd = self._lockfd
+            if fd < 0:   # read-only media without a lock file: nobody can write here
+                yield
+                return
+            with typed(f"locking {self.path}"):
+                fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                txn = self.env.begin(write=True)
-            except lmdb.MapResizedError:
-                self.env.set_mapsize(0)
-                continue
-            try:
-                result = fn(txn)
-                txn.commit()
-                return result
-            except lmdb.MapFullError:
-                txn.abort()
-                self.grow()
-            except BaseException:
-                txn.abort()
-                raise
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def grow(self, at_least: int = 0) -> None:
-        with self._grow_lock:
-            size = self.env.info()["map_size"]
-            if size >= MAX_MAP_BYTES:
-                raise TierFullError(f"LMDB map at {self.path} reached {size} bytes")
-            self.env.set_mapsize(min(max(size * 2, at_least), MAX_MAP_BYTES))
+    def _open_lockfile(self) -> int:
+        lockfile = self.path / "writer.lock"
+        try:
+            return os.open(lockfile, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if not self.readonly:
+                raise translate(exc, f"locking {self.path}") from exc
+        try:
+            return os.open(lockfile, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return -1
 
-    def ensure_room(self, nbytes: int) -> None:
-        """Grow the map now if ``nbytes`` more (plus B-tree and free-list slack) may not fit."""
-        info = self.env.info()
-        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
-        want = used + nbytes + nbytes // 4 + (1 << 20)
-        if want > info["map_size"]:
-            self.grow(at_least=want + want // 2)
+    # -- damage --------------------------------------------------------------------------------
+    def check_pages(self) -> None:
+        """Raise :class:`CorruptStoreError` if the file's B-tree is damaged.
 
+        LMDB checks a page's type on a lookup (a damaged page is ``MDB_CORRUPTED``), but a
+        cursor stepping onto a damaged sibling page trips an assertion that aborts the whole
+        process. So the structure is verified (py-lmdb's offline verifier: every reachable
+        page, overflow extents, the free list) before anything scans the environment, once
+        per committed transaction. The caller holds the store's writer lock, so no write is
+        in flight and the file is at rest while it is read.
+        """
+        with typed(f"checking {self.path}"):
+            txnid = self.env.info()["last_txnid"]
+        if txnid == self._pages_ok_at:
+            return
+        try:
+            problems = lmdb_verify.verify(str(self.path), subdir=True)  # type: ignore[no-untyped-call]
+        except (lmdb_verify.VerifyError, OSError, ValueError) as exc:
+            problems = [str(exc)]
+        if problems:
+            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise CorruptStoreError(f"{self.path}: damaged database: {problems[0]}{more}")
+        self._pages_ok_at = txnid
+
+    # -- figures --------------------------------------------------------------------------------
     def map_size(self) -> int:
-        return int(self.env.info()["map_size"])
+        with typed(f"inspecting {self.path}"):
+            return int(self.env.info()["map_size"])
 
     def file_bytes(self) -> int:
         try:
@@ -114,15 +302,43 @@ class SharedEnv:
         except OSError:
             return 0
 
+    def close(self) -> None:
+        """Close once no transaction of this process is open on the environment."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            mine = getattr(self._local, "depth", 0)
+            while self._active > mine:
+                self._cv.wait()
+        if self._lockfd is not None:
+            os.close(self._lockfd)
+            self._lockfd = None
+        if self.pid == os.getpid():
+            self.env.close()
 
-def acquire(path: Path, *, map_size: int, dbs: tuple[bytes, ...], sync: bool) -> SharedEnv:
+
+def acquire(path: Path, *, map_size: int, dbs: tuple[bytes, ...], sync: bool,
+            readonly: bool = False, create: bool = True) -> SharedEnv:
+    """The process' handle on the environment at ``path`` (opened on first use)."""
     key = str(path.resolve())
     with _lock:
         entry = _open.get(key)
-        if entry is not None and entry[0].pid == os.getpid():
+        if entry is not None and entry[0].pid == os.getpid() and not entry[0]._closed:
+            if entry[0].readonly and not readonly:
+                raise StoreError(f"{path} is already open read-only in this process")
             _open[key] = (entry[0], entry[1] + 1)
             return entry[0]
-        env = SharedEnv(path, map_size=map_size, dbs=dbs, sync=sync)
+        if entry is not None and entry[0].pid != os.getpid():
+            # Inherited across fork: this process may not use it, and LMDB refuses a second
+            # open of the same files while it exists. Closing the inherited handle is safe
+            # for the parent: it unmaps this process' copy, and LMDB clears only reader slots
+            # of the calling pid; fcntl locks were never inherited.
+            with suppress(lmdb.Error):
+                entry[0].env.close()
+            del _open[key]
+        env = SharedEnv(path, map_size=map_size, dbs=dbs, sync=sync, readonly=readonly,
+                        create=create)
         _open[key] = (env, 1)
         return env
 
@@ -131,11 +347,10 @@ def release(env: SharedEnv) -> None:
     key = str(env.path.resolve())
     with _lock:
         entry = _open.get(key)
-        if entry is None or entry[0] is not env:
-            return
-        if entry[1] > 1:
-            _open[key] = (env, entry[1] - 1)
-            return
-        del _open[key]
+        if entry is not None and entry[0] is env:
+            if entry[1] > 1:
+                _open[key] = (env, entry[1] - 1)
+                return
+            del _open[key]
     if env.pid == os.getpid():
-        env.env.close()
+        env.close()

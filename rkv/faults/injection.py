@@ -68,6 +68,8 @@ class FaultyTier(Tier):
                  transient: Callable[[bytes, int], Any] | None = None) -> None:
         self.inner = inner
         self.config = inner.config
+        self.state = inner.state
+        self.damage = inner.damage
         self.rng = np.random.default_rng(seed)
         self._transient = transient
         self._one_shot: dict[bytes, Any] = {}
@@ -109,6 +111,9 @@ class FaultyTier(Tier):
     @property
     def store_id(self) -> str:
         return self.inner.store_id
+
+    def records(self) -> int:
+        return self.inner.records()
 
     @contextmanager
     def _reader(self) -> Iterator[_FaultyReader]:

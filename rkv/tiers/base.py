@@ -24,6 +24,10 @@ class Tier(ABC):
     """A named store of records with a capacity."""
 
     config: TierConfig
+    #: What opening found: "new" (created empty now), "ok", or "damaged" (unusable as a whole).
+    state: str = "ok"
+    #: Why the tier is damaged, when it is.
+    damage: str | None = None
 
     @property
     def name(self) -> str:
@@ -65,6 +69,10 @@ class Tier(ABC):
     @abstractmethod
     def iter_keys(self) -> Iterator[bytes]:
         """All keys (a snapshot)."""
+
+    def records(self) -> int:
+        """How many records the tier holds."""
+        return sum(1 for _ in self.iter_keys())
 
     @abstractmethod
     def clear(self) -> None:

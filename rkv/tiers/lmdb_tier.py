@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import lmdb
+
 from rkv.config import TierConfig
-from rkv.errors import StoreClosedError
-from rkv.lmdbenv import SharedEnv, acquire, release
+from rkv.errors import CorruptStoreError, RkvError, StoreClosedError
+from rkv.lmdbenv import SharedEnv, acquire, map_bytes_for, release, translate, typed
 from rkv.tiers.base import Tier
 
 _BLOCKS = b"blocks"
@@ -18,35 +20,94 @@ _META = b"meta"
 
 
 class _Reader:
-    def __init__(self, txn: Any, db: Any) -> None:
+    def __init__(self, txn: Any, db: Any, where: str) -> None:
         self._txn = txn
         self._db = db
+        self._where = where
 
     def get(self, key: bytes) -> memoryview | None:
-        return self._txn.get(key, db=self._db)  # type: ignore[no-any-return]  # buffers=True
+        if self._db is None:
+            return None
+        try:
+            return self._txn.get(key, db=self._db)  # type: ignore[no-any-return]
+        except lmdb.Error as exc:
+            raise translate(exc, self._where) from exc
 
 
 class LmdbTier(Tier):
-    """Records in an LMDB environment at ``path``; the map grows on demand."""
+    """Records in an LMDB environment at ``path`` with a fixed, sparse map.
 
-    def __init__(self, config: TierConfig, path: Path) -> None:
+    ``state`` says what opening found: ``"new"`` (the environment was created now, so it is
+    empty), ``"ok"`` (its store id was read) or ``"damaged"`` (its id cannot be read: the tier
+    is kept as it is, never given a new id, and reads of its blocks fail as integrity errors).
+    """
+
+    def __init__(self, config: TierConfig, path: Path, *, readonly: bool = False) -> None:
         self.config = config
         self.path = Path(path)
+        self.damage: str | None = None
+        #: The store's writer lock: held while the file is verified before a scan.
+        self.scan_lock: Callable[[], AbstractContextManager[Any]] = nullcontext
         self._env: SharedEnv | None = acquire(
-            self.path, map_size=config.initial_map_bytes, dbs=(_BLOCKS, _META), sync=config.sync
+            self.path, map_size=map_bytes_for(config.capacity_bytes), dbs=(_BLOCKS, _META),
+            sync=config.sync, readonly=readonly, create=not readonly,
         )
         self._blocks = self._env.db(_BLOCKS)
-        meta = self._env.db(_META)
+        self._meta = self._env.db(_META)
+        self.state = "new" if self._env.new else "ok"
+        self._store_id = ""
+        try:
+            self._store_id = self._read_id()
+            if not self._store_id and self.state == "new" and not readonly:
+                self._store_id = self._env.write(self._mint_id)
+            elif not self._store_id and self.state != "new":
+                # An existing environment without an id: new only if it holds no records.
+                if self.records() == 0 and not readonly:
+                    self.state = "new"
+                    self._store_id = self._env.write(self._mint_id)
+                else:
+                    raise CorruptStoreError(f"tier {self.name}: store id missing")
+        except RkvError as exc:
+            if not isinstance(exc, CorruptStoreError):
+                self.close()
+                raise
+            self.state = "damaged"
+            self.damage = str(exc)
 
-        def ensure_id(txn: Any) -> str:
-            v = txn.get(b"store_id", db=meta)
+    def _read_id(self) -> str:
+        with self.env.read() as txn:
+            v = None if self._meta is None else txn.get(b"store_id", db=self._meta)
             if v is None:
-                new = uuid.uuid4().hex
-                txn.put(b"store_id", new.encode(), db=meta)
-                return new
-            return bytes(v).decode()
+                return ""
+            try:
+                sid = bytes(v).decode("ascii")
+                uuid.UUID(hex=sid)
+            except ValueError as exc:
+                raise CorruptStoreError(f"tier {self.name}: unreadable store id") from exc
+            return sid
 
-        self._store_id = self._env.write(ensure_id)
+    def _mint_id(self, txn: Any) -> str:
+        new = uuid.uuid4().hex
+        txn.put(b"store_id", new.encode(), db=self._meta)
+        return new
+
+    def check(self) -> None:
+        """Verify the file's structure (under the store's writer lock); a damaged tier is
+        marked so, and is then only read by key, never scanned or written."""
+        try:
+            with self.scan_lock():
+                self.env.check_pages()
+        except CorruptStoreError as exc:
+            self.mark_damaged(str(exc))
+
+    def mark_damaged(self, why: str) -> None:
+        self.state = "damaged"
+        self.damage = why
+
+    def _refuse_if_damaged(self) -> None:
+        if self.state == "damaged":
+            raise CorruptStoreError(f"tier {self.name} is damaged ({self.damage}): it is only "
+                                    "read, never written or scanned")
 
     @property
     def env(self) -> SharedEnv:
@@ -60,22 +121,22 @@ class LmdbTier(Tier):
 
     @contextmanager
     def reader(self) -> Iterator[_Reader]:
+        where = f"tier {self.name} ({self.path})"
         with self.env.read() as txn:
-            yield _Reader(txn, self._blocks)
+            yield _Reader(txn, self._blocks, where)
 
     def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
+        self._refuse_if_damaged()
         db = self._blocks
 
         def fn(txn: Any) -> None:
             for k, v in items:
                 txn.put(k, v() if callable(v) else v, db=db)
 
-        if not reserve:
-            reserve = sum(memoryview(v).nbytes for _, v in items if not callable(v))
-        # Growing the map first spares a large batch one failed try per map doubling.
-        self.env.write(fn, reserve=reserve + 64 * len(items))
+        self.env.write(fn)
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
+        self._refuse_if_damaged()
         keys = list(keys)
         db = self._blocks
 
@@ -85,22 +146,39 @@ class LmdbTier(Tier):
         return self.env.write(fn)
 
     def iter_keys(self) -> Iterator[bytes]:
+        self._refuse_if_damaged()
+        self.check()
+        self._refuse_if_damaged()
         with self.env.read() as txn:
-            found = [bytes(k) for k in txn.cursor(db=self._blocks).iternext(values=False)]
+            if self._blocks is None:
+                return
+            with typed(f"listing tier {self.name}"):
+                found = [bytes(k) for k in txn.cursor(db=self._blocks).iternext(values=False)]
         yield from found
 
+    def records(self) -> int:
+        with self.env.read() as txn:
+            if self._blocks is None:
+                return 0
+            with typed(f"inspecting tier {self.name}"):
+                return int(txn.stat(self._blocks)["entries"])
+
     def clear(self) -> None:
+        self._refuse_if_damaged()
         db = self._blocks
         self.env.write(lambda txn: txn.drop(db, delete=False))
 
     def stats(self) -> dict[str, Any]:
-        with self.env.read() as txn:
-            entries = txn.stat(self._blocks)["entries"]
+        try:
+            records: int | None = self.records()
+        except RkvError:
+            records = None
         return {
-            "records": int(entries),
+            "records": records,
             "map_bytes": self.env.map_size(),
             "file_bytes": self.env.file_bytes(),
             "path": str(self.path),
+            "state": self.state,
         }
 
     def close(self) -> None:
