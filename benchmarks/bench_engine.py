@@ -31,8 +31,8 @@ import lmdb
 import numpy as np
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.engine import memory_dir
 from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
+from rkv.store import memory_dir
 
 MODELS = {
     "smollm2-135m": ModelSpec("bench/smollm2", n_layers=30, n_kv_heads=3, head_dim=64),

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
 import os
+import shutil
 import threading
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable
-from contextlib import ExitStack, suppress
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -18,129 +19,46 @@ from typing import Any
 
 import numpy as np
 
-from rkv.blockcodec import (
-    codec_for,
-    encode_block,
-    quantizer_for,
-    read_block,
-    record_size,
-    reencode,
-)
+from rkv.blockcodec import codec_for, encode_block, quantizer_for, read_block, record_size
 from rkv.config import EngineConfig, TierConfig
 from rkv.errors import (
     ConfigError,
+    CorruptRecordError,
+    CorruptStoreError,
     IntegrityError,
     MissingRecordError,
+    ReadOnlyStoreError,
     RecordMismatchError,
     RkvError,
     ShapeError,
     StoreClosedError,
-    TierFullError,
+    StoreError,
 )
-from rkv.index import INDEX_FORMAT, ChunkMeta, Index, Usage
+from rkv.eviction import Evictor, free_chunk
+from rkv.index import ChunkMeta, Index
 from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
-from rkv.record import (
-    RecordHeader,
-    decode_record,
+from rkv.record import RecordHeader, decode_record
+from rkv.results import (
+    CORRECTED,
+    MISSING,
+    OK,
+    UNCORRECTABLE,
+    BlockStatus,
+    GetResult,
+    PutResult,
+    VerifyReport,
 )
+from rkv.store import Identity, identify, memory_dir, remove_outside, resolve_tier_path
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
-from rkv.tiers import LmdbTier, Tier, TierReader
+from rkv.tiers import LmdbTier, Tier, TierReader, UnavailableTier
+from rkv.txn import Hooks, Mutator, Pending
 
 log = logging.getLogger("rkv")
-
-#: Block outcomes reported by :meth:`Engine.get` and :meth:`Engine.verify`.
-OK, CORRECTED, UNCORRECTABLE, MISSING = "ok", "corrected", "uncorrectable", "missing"
 _TOUCH_FLUSH = 4096
 
-
-def memory_dir() -> Path | None:
-    """A memory-backed directory for the memory tiers, or None when the machine has none."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-        return shm
-    return None
-
-
-def resolve_tier_path(root: Path, tier: TierConfig) -> Path:
-    if tier.path:
-        p = Path(tier.path).expanduser()
-        return p if p.is_absolute() else root / p
-    shm = memory_dir()
-    if tier.medium == "memory" and shm is not None:
-        tag = hashlib.blake2b(str(root.resolve()).encode(), digest_size=8).hexdigest()
-        return shm / f"rkv-{tag}" / tier.name
-    return root / "tiers" / tier.name
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStatus:
-    """The outcome of reading one block."""
-
-    chunk: int
-    layer: int
-    tier: str
-    status: str                   # ok | corrected | uncorrectable | missing
-    corrected: int = 0            # symbols (Reed-Solomon) or bits (BCH) the ECC corrected
-    error: IntegrityError | None = None
-    header_repairs: int = 0       # header/prelude copies that were outvoted or skipped
-
-
-@dataclass(frozen=True)
-class GetResult:
-    """KV for the longest verified stored prefix of the requested tokens."""
-
-    n_tokens: int
-    kv: Any                       # [layers, 2, n_tokens, kv_heads, head_dim], numpy or torch
-    blocks: list[BlockStatus]
-    stored_tokens: int            # what lookup() promised before verification
-
-    @property
-    def counts(self) -> dict[str, int]:
-        c = Counter(b.status for b in self.blocks)
-        return {s: c.get(s, 0) for s in (OK, CORRECTED, UNCORRECTABLE, MISSING)}
-
-    @property
-    def corrected(self) -> int:
-        return sum(b.corrected for b in self.blocks)
-
-    @property
-    def ok(self) -> bool:
-        """True when every stored block was read back verified (clean or corrected)."""
-        return self.n_tokens == self.stored_tokens
-
-    def errors(self) -> list[IntegrityError]:
-        return [b.error for b in self.blocks if b.error is not None]
-
-
-@dataclass(frozen=True)
-class PutResult:
-    n_tokens: int
-    chunks: int
-    chunks_written: int
-    chunks_deduped: int
-    blocks_written: int
-    bytes_written: int
-    evicted_chunks: int = 0
-    demoted_chunks: int = 0
-    tiers: dict[str, int] = field(default_factory=dict)   # chunks written per tier
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    chunks: int
-    blocks: int
-    ok: int
-    corrected: int
-    uncorrectable: int
-    missing: int
-    orphans: int
-    problems: list[tuple[str, int, str, str]]   # (chunk key hex, layer, tier, message)
-    repaired: int = 0
-
-    @property
-    def clean(self) -> bool:
-        return self.uncorrectable == 0 and self.missing == 0
+__all__ = ["CORRECTED", "MISSING", "OK", "UNCORRECTABLE", "BlockStatus", "Engine",
+           "GetResult", "PutResult", "VerifyReport", "memory_dir"]
 
 
 class _Scratch:
@@ -155,65 +73,48 @@ class _Scratch:
         return self._buf[:n]
 
 
-class _Pending:
-    """Tier writes and deletions planned inside one index transaction.
+def _open_tier(t: TierConfig, path: Path, readonly: bool) -> Tier:
+    """The tier's LMDB environment, or a stand-in that fails its reads when it cannot be
+    opened (damaged, or missing in a read-only open)."""
+    try:
+        return LmdbTier(t, path, readonly=readonly)
+    except CorruptStoreError as exc:
+        return UnavailableTier(t, path, str(exc))
+    except StoreError as exc:
+        if not readonly or isinstance(exc, ReadOnlyStoreError):
+            raise
+        tier = UnavailableTier(t, path, "missing")
+        tier.state = "missing"
+        return tier
 
-    Writes go to the tiers before the index commits; deletions only after it, so a crash in
-    between leaves unreferenced records (harmless, reported by verify), never dangling ones.
-    """
 
-    def __init__(self, tiers: dict[str, Tier], reader: Callable[[str, bytes], bytes | None]):
-        self.tiers = tiers
-        self._read = reader
-        self.writes: dict[str, dict[bytes, tuple[Any, int]]] = defaultdict(dict)
-        self.deletes: dict[str, set[bytes]] = defaultdict(set)
-
-    def write(self, tier: str, key: bytes, value: Any, size: int) -> None:
-        """Plan a write of ``value`` (bytes-like, or a callable producing ``size`` bytes)."""
-        self.writes[tier][key] = (value, size)
-        self.deletes[tier].discard(key)
-
-    def move(self, key: bytes, src: str, dst: str,
-             transform: Callable[[Any], Any] | None = None) -> int:
-        """Plan moving a record between tiers, through ``transform`` (re-encoding) when
-        given. Returns the record's size in ``dst``."""
-        planned = self.writes[src].pop(key, None)
-        if planned is None:
-            value = self._read(src, key)
-            if value is None:
-                raise MissingRecordError(f"record {key.hex()} is missing from tier {src}")
-            planned = (value, len(value))
-        if transform is not None:
-            value = planned[0]() if callable(planned[0]) else planned[0]
-            value = transform(bytes(value))
-            planned = (value, memoryview(value).nbytes)
-        self.write(dst, key, *planned)
-        self.deletes[src].add(key)
-        return planned[1]
-
-    def drop(self, tier: str, key: bytes) -> None:
-        self.writes[tier].pop(key, None)
-        self.deletes[tier].add(key)
-
-    def flush_writes(self) -> None:
-        for tier, items in self.writes.items():
-            if items:
-                self.tiers[tier].put_many([(k, v) for k, (v, _) in items.items()],
-                                          reserve=sum(n for _, n in items.values()))
-
-    def flush_deletes(self) -> None:
-        for tier, keys in self.deletes.items():
-            if keys and tier in self.tiers:
-                self.tiers[tier].delete_many(keys)
+def _store_id_at(path: Path) -> str | None:
+    """The store id of the store at ``path`` (None when there is none or it is unreadable)."""
+    try:
+        ix = Index(path / "index", sync=False, readonly=True, create=False)
+    except RkvError:
+        return None
+    try:
+        with ix.env.read() as txn:
+            if not ix.check_format(txn):
+                return None
+            meta = ix.get_meta(txn, "store")
+        return meta.get("id") if isinstance(meta, dict) else None
+    except RkvError:
+        return None
+    finally:
+        ix.close()
 
 
 class Engine:
     """A reliability-aware tiered KV store. Open with :meth:`Engine.open`."""
 
-    def __init__(self, root: Path, config: EngineConfig, index: Index,
-                 tiers: dict[str, Tier]) -> None:
+    def __init__(self, root: Path, config: EngineConfig, index: Index, tiers: dict[str, Tier],
+                 identity: Identity, readonly: bool) -> None:
         self.root = root
         self.config = config
+        self.identity = identity
+        self.readonly = readonly
         self._index = index
         self._tiers = tiers
         self._order = [t.name for t in config.tiers]
@@ -224,109 +125,100 @@ class Engine:
         self._lock = threading.RLock()
         self._touched: dict[bytes, int] = {}
         self._counters: Counter[str] = Counter()
+        #: Test hooks of the mutation protocol (see :mod:`rkv.txn`).
+        self.hooks: Hooks = {}
+        self._mutator = Mutator(index.env, tiers, self.hooks)
+        self._evictor = Evictor(index, tiers, config, self._codecs)
+        self.dropped_at_open = 0
 
     # -- opening and closing ------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: EngineConfig | None = None, *,
-             create: bool = True) -> Engine:
+             create: bool = True, readonly: bool = False,
+             drop_tiers: Iterable[str] = ()) -> Engine:
         """Open (or create) the store at ``path``.
 
         Without ``config`` an existing store keeps its stored configuration and a new one gets
         the embedded default (DRAM and CXL tiers in memory, NVMe on disk). A given config
         replaces the stored one, except ``chunk_tokens``, which is fixed once a store exists.
+        ``readonly`` opens an existing store for inspection: nothing is written (not even
+        access times), and a mutation raises :class:`ReadOnlyStoreError`. A tier that the
+        index knows but the config lacks is an error unless named in ``drop_tiers``.
         """
         if config is not None and not isinstance(config, EngineConfig):
             raise ConfigError(f"config must be an EngineConfig, got {type(config).__name__}")
         root = Path(path).expanduser()
-        if not create and not (root / "index" / "data.mdb").exists():
-            raise RkvError(f"{root} is not an rkv store (no index)")
-        root.mkdir(parents=True, exist_ok=True)
-        index = Index(root / "index", sync=bool(config and config.index_sync))
-        try:
+        if (readonly or not create) and not (root / "index" / "data.mdb").exists():
+            raise StoreError(f"{root} is not an rkv store (no index)")
+        with ExitStack() as cleanup:   # a failed open releases everything it opened
+            index = Index(root / "index", sync=bool(config and config.index_sync),
+                          readonly=readonly, create=create)
+            cleanup.callback(index.close)
             with index.env.read() as txn:
                 exists = index.check_format(txn)
-                stored = index.get_meta(txn, "config") if exists else None
-            if stored is not None:
-                stored_cfg = EngineConfig.from_dict(stored)
-                if config is None:
-                    config = stored_cfg
-                elif config.chunk_tokens != stored_cfg.chunk_tokens:
-                    raise ConfigError(
-                        f"store {root} uses chunk_tokens={stored_cfg.chunk_tokens}; "
-                        f"cannot reopen it with {config.chunk_tokens}"
-                    )
+                config = cls._config(index, txn, config, root) if exists else config
+                try:
+                    stored_identity = index.get_meta(txn, "store") if exists else None
+                except CorruptStoreError:
+                    stored_identity = None
+            if not exists and readonly:
+                raise StoreError(f"{root} is not an rkv store (empty index)")
             config = config or EngineConfig()
+            identity = identify(root, stored_identity, exists, _store_id_at)
+            if identity.copied_from:
+                log.warning("%s is a copy of %s: it gets its own memory tiers (the original's "
+                            "memory-tier chunks are not shared)", root, identity.copied_from)
             tiers: dict[str, Tier] = {}
-            try:
-                for t in config.tiers:
-                    tiers[t.name] = LmdbTier(t, resolve_tier_path(root, t))
-            except BaseException:
-                for tier in tiers.values():
-                    tier.close()
-                raise
-        except BaseException:
-            index.close()
-            raise
-        engine = cls(root, config, index, tiers)
-        final = config
-        engine._mutate(lambda txn, pending: engine._reconcile(txn, pending, final))
+            for t in config.tiers:
+                tiers[t.name] = _open_tier(t, resolve_tier_path(root, t, identity.id),
+                                           readonly)
+                cleanup.callback(tiers[t.name].close)
+            index.check()                  # a damaged index: a typed error, nothing touched
+            for tier in tiers.values():
+                if isinstance(tier, LmdbTier):
+                    tier.scan_lock = index.env.exclusive
+                    tier.check()
+            engine = cls(root, config, index, tiers, identity, readonly)
+            if not readonly:
+                from rkv.upkeep import reconcile
+
+                drop = frozenset(drop_tiers)
+                engine._mutate(lambda txn, pending: reconcile(engine, txn, pending, drop))
+            cleanup.pop_all()
         return engine
+
+    @staticmethod
+    def _config(index: Index, txn: Any, config: EngineConfig | None,
+                root: Path) -> EngineConfig:
+        try:
+            stored = index.get_meta(txn, "config")
+            stored_cfg = EngineConfig.from_dict(stored) if stored is not None else None
+        except (CorruptStoreError, ConfigError) as exc:
+            if config is None:
+                raise CorruptStoreError(f"the stored config of {root} is damaged ({exc}); open "
+                                        "it with an explicit config to rewrite it") from exc
+            return config
+        if stored_cfg is None:
+            return config or EngineConfig()
+        if config is None:
+            return stored_cfg
+        if config.chunk_tokens != stored_cfg.chunk_tokens:
+            raise ConfigError(f"store {root} uses chunk_tokens={stored_cfg.chunk_tokens}; "
+                              f"cannot reopen it with {config.chunk_tokens}")
+        return config
 
     @classmethod
     def destroy(cls, path: str | os.PathLike[str]) -> None:
         """Delete the store at ``path``, including tiers kept outside it (memory tiers)."""
-        import shutil
-
         root = Path(path).expanduser()
         if not root.exists():
             return
         try:
-            with cls.open(root, create=False) as engine:
-                dirs = [resolve_tier_path(root, t) for t in engine.config.tiers]
-        except RkvError:
-            dirs = []
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
-            parent = d.parent
-            if parent.name.startswith("rkv-") and parent.parent == memory_dir():
-                with suppress(OSError):
-                    parent.rmdir()
+            with cls.open(root, readonly=True) as engine:
+                remove_outside(root, engine.config.tiers, engine.identity.id)
+        except RkvError as exc:
+            log.warning("destroying %s without reading its config (%s)", root, exc)
         shutil.rmtree(root, ignore_errors=True)
-
-    def _reconcile(self, txn: Any, pending: _Pending, config: EngineConfig) -> None:
-        """Record the config and drop index entries whose tier storage is gone."""
-        ix = self._index
-        ix.set_meta(txn, "format", INDEX_FORMAT)
-        ix.set_meta(txn, "config", config.to_dict())
-        known = ix.get_meta(txn, "tiers") or {}
-        current = {name: tier.store_id for name, tier in self._tiers.items()}
-        lost = {name for name, sid in known.items() if current.get(name) != sid}
-        if lost:
-            dropped = 0
-            for key, meta in list(ix.chunks(txn)):
-                if meta.tiers() & lost:
-                    self._free_chunk(txn, key, meta, pending, None)
-                    dropped += 1
-            dropped += self._drop_orphans(txn, pending)
-            log.warning("tiers %s were wiped or removed; dropped %d chunks from the index",
-                        sorted(lost), dropped)
-            usage = ix.usage(txn)
-            for name in lost:
-                usage.tiers.pop(name, None)
-            ix.set_usage(txn, usage)
-        ix.set_meta(txn, "tiers", current)
-
-    def _drop_orphans(self, txn: Any, pending: _Pending) -> int:
-        """Remove chunks whose parent is gone (unreachable by any lookup)."""
-        dropped = 0
-        while True:
-            orphans = [(k, m) for k, m in self._index.chunks(txn)
-                       if m.parent and not self._index.has_chunk(txn, m.parent)]
-            if not orphans:
-                return dropped
-            for k, m in orphans:
-                self._free_chunk(txn, k, m, pending, None)
-                dropped += 1
 
     def close(self) -> None:
         """Flush access times and release the LMDB environments. Idempotent."""
@@ -334,9 +226,12 @@ class Engine:
             return
         if os.getpid() == self._pid:
             try:
-                if self._touched:
+                if self._touched and not self.readonly:
                     self._mutate(lambda txn, pending: None)
+            except RkvError as exc:
+                log.warning("access times not saved at close: %s", exc)
             finally:
+                self._closed = True
                 for tier in self._tiers.values():
                     tier.close()
                 self._index.close()
@@ -374,35 +269,24 @@ class Engine:
         return wrapped
 
     # -- the write path -----------------------------------------------------------------------
-    def _read_record(self, tier: str, key: bytes) -> bytes | None:
-        return self._tiers[tier].get(key)
-
-    def _mutate(self, fn: Callable[[Any, _Pending], Any]) -> Any:
-        """Run ``fn`` under the store's write lock (the index write transaction)."""
+    def _mutate(self, fn: Callable[[Any, Pending], Any]) -> Any:
+        """Run ``fn`` under the store's writer lock (see :mod:`rkv.txn`)."""
         self._check()
-        pending_box: list[_Pending] = []
+        if self.readonly:
+            raise ReadOnlyStoreError(f"{self.root} is open read-only")
         with self._lock:
             touched, self._touched = self._touched, {}
-
-        def body(txn: Any) -> Any:
-            pending = _Pending(self._tiers, self._read_record)
-            pending_box[:] = [pending]
-            self._flush_touches(txn, touched)
-            result = fn(txn, pending)
-            pending.flush_writes()
-            return result
-
-        result = self._index.env.write(body)
-        pending_box[0].flush_deletes()
-        return result
+        return self._mutator.run(fn, before=lambda txn: self._flush_touches(txn, touched))
 
     def _flush_touches(self, txn: Any, touched: dict[bytes, int]) -> None:
         for key, at in touched.items():
-            meta = self._index.get_chunk(txn, key)
+            meta = self._evictor._meta(txn, key)
             if meta is not None and at > meta.at:
                 self._index.put_chunk(txn, key, meta.with_(at=at), meta)
 
     def _touch(self, keys: list[bytes]) -> None:
+        if self.readonly:
+            return
         now = time.time_ns()
         with self._lock:
             for k in keys:
@@ -431,24 +315,23 @@ class Engine:
         arr = as_kv_array(kv, spec, len(toks))
         if not keys:
             return PutResult(0, 0, 0, 0, 0, 0)
+        if self.readonly:
+            raise ReadOnlyStoreError(f"{self.root} is open read-only")
         bounds = chunk_bounds(len(toks), self.config.chunk_tokens)[: len(keys)]
         ix = self._index
         with ix.env.read() as txn:
-            present = [ix.has_chunk(txn, k) for k in keys]
-            last = ix.get_chunk(txn, keys[-1])
-        if all(present) and last is not None and last.end:
+            metas, _ = self._stored(txn, keys)
+        if len(metas) == len(keys) and metas[-1].end:
             self._touch(keys)
             with self._lock:
                 self._counters["puts"] += 1
                 self._counters["chunks_deduped"] += len(keys)
             return PutResult(len(toks), len(keys), 0, len(keys), 0, 0)
-        spec_json = ModelSpec.to_dict(spec)
+        spec_json = json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode()
         scratch = _Scratch()
 
-        def fn(txn: Any, pending: _Pending) -> PutResult:
-            import json
-
-            ix.put_model(txn, fp, json.dumps(spec_json, sort_keys=True).encode())
+        def fn(txn: Any, pending: Pending) -> PutResult:
+            ix.put_model(txn, fp, spec_json)
             usage = ix.usage(txn)
             now = time.time_ns()
             protect = set(keys)
@@ -457,8 +340,10 @@ class Engine:
             written = deduped = blocks = nbytes = 0
             for i, key in enumerate(keys):
                 if ix.has_chunk(txn, key):
-                    deduped += 1
-                    continue
+                    if self._evictor._meta(txn, key) is not None:
+                        deduped += 1
+                        continue
+                    free_chunk(ix, txn, key, None, pending, None)  # heal a damaged entry
                 start, end = bounds[i]
                 header = RecordHeader(key=key, layer=0, fingerprint=fp,
                                       shape=spec.block_shape(end - start), dtype=spec.dtype,
@@ -470,34 +355,27 @@ class Engine:
                     return record_size(header, data_bytes, self._codecs[tier],
                                        self._quant_for(tier, header)) * spec.n_layers
 
-                tier = self._place(txn, usage, chunk_size, protect, pending, stats)
+                tier = self._evictor.place(txn, usage, chunk_size, protect, pending, stats)
                 codec = self._codecs[tier]
                 quant = self._quant_for(tier, header)
                 rec_size = chunk_size(tier) // spec.n_layers
-                size = rec_size * spec.n_layers
                 for layer in range(spec.n_layers):
                     # Encoded at write time (raw blocks into one reused buffer: LMDB copies
                     # each record, so no block needs a buffer of its own).
                     pending.write(tier, block_key(key, layer), partial(
                         encode_block, replace(header, layer=layer),
-                        arr[layer, :, start:end], codec, scratch, quant),
-                        rec_size)
-                recs = [rec_size] * spec.n_layers
-                parent = keys[i - 1] if i else b""
-                meta = ChunkMeta(parent=parent, pos=i, n_tokens=bounds[i][1] - bounds[i][0],
-                                 fingerprint=fp, blocks=tuple((tier, r) for r in recs),
+                        arr[layer, :, start:end], codec, scratch, quant), rec_size)
+                meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
+                                 fingerprint=fp,
+                                 blocks=tuple((tier, rec_size) for _ in range(spec.n_layers)),
                                  at=now)
                 ix.put_chunk(txn, key, meta, None)
-                usage.add(tier, len(recs), size)
-                if parent:
-                    pmeta = ix.get_chunk(txn, parent)
-                    if pmeta is not None:
-                        ix.put_chunk(txn, parent, pmeta.with_(kids=pmeta.kids + 1), pmeta)
+                usage.add(tier, spec.n_layers, rec_size * spec.n_layers)
                 written += 1
-                blocks += len(recs)
-                nbytes += size
+                blocks += spec.n_layers
+                nbytes += rec_size * spec.n_layers
                 per_tier[tier] += 1
-            lmeta = ix.get_chunk(txn, keys[-1])
+            lmeta = self._evictor._meta(txn, keys[-1])
             if lmeta is not None and not lmeta.end:
                 ix.put_chunk(txn, keys[-1], lmeta.with_(end=True), lmeta)
             ix.set_usage(txn, usage)
@@ -509,12 +387,9 @@ class Engine:
         with self._lock:
             c = self._counters
             c["puts"] += 1
-            c["chunks_written"] += result.chunks_written
-            c["chunks_deduped"] += result.chunks_deduped
-            c["blocks_written"] += result.blocks_written
-            c["bytes_written"] += result.bytes_written
-            c["evicted_chunks"] += result.evicted_chunks
-            c["demoted_chunks"] += result.demoted_chunks
+            for name in ("chunks_written", "chunks_deduped", "blocks_written", "bytes_written",
+                         "evicted_chunks", "demoted_chunks"):
+                c[name] += getattr(result, name)
         return result
 
     def _quant_for(self, tier: str, header: RecordHeader) -> Any:
@@ -527,119 +402,26 @@ class Engine:
         raw = int(np.prod(header.shape)) * numpy_dtype(header.dtype).itemsize
         return quant if quant.encoded_size(header.shape, header.dtype) < raw else None
 
-    def _place(self, txn: Any, usage: Usage, size: Callable[[str], int], protect: set[bytes],
-               pending: _Pending, stats: Counter[str]) -> str:
-        """Pick the first tier that has (or can be made to have) room for a chunk of
-        ``size(tier)`` bytes (the size depends on the tier's codec)."""
-        for level, name in enumerate(self._order):
-            if self._make_room(txn, level, size(name), usage, protect, pending, stats):
-                return name
-        raise TierFullError(
-            f"no tier can take a chunk of {size(self._order[-1])} bytes (all full of pinned "
-            f"or in-use data, or on_full='{self.config.on_full}')"
-        )
-
-    def _make_room(self, txn: Any, level: int, need: int, usage: Usage, protect: set[bytes],
-                   pending: _Pending, stats: Counter[str]) -> bool:
-        """Demote (upper tiers) or evict (last tier) LRU chunks until ``need`` bytes fit."""
-        name = self._order[level]
-        cap = self.config.tiers[level].capacity_bytes
-        if need > cap:
-            return False
-        last = level == len(self._order) - 1
-        ix = self._index
-        while usage.bytes(name) + need > cap:
-            if last and self.config.on_full == "error":
-                raise TierFullError(
-                    f"tier {name} is full ({usage.bytes(name)} of {cap} bytes) and "
-                    "on_full='error'"
-                )
-            deficit = usage.bytes(name) + need - cap
-            victims: list[tuple[bytes, ChunkMeta]] = []
-            freed = 0
-            for key in ix.lru_order(txn, name):
-                if key in protect:
-                    continue
-                meta = ix.get_chunk(txn, key)
-                if meta is None or meta.pins or (last and meta.kids):
-                    continue  # only leaves leave the last tier, so prefixes stay reachable
-                victims.append((key, meta))
-                freed += meta.bytes_in(name)
-                if freed >= deficit:
-                    break
-            if not victims:
-                return False
-            for key, meta in victims:
-                if last:
-                    self._free_chunk(txn, key, meta, pending, usage)
-                    stats["evicted"] += 1
-                    continue
-                nbytes = meta.bytes_in(name)
-                dst = self._order[level + 1]
-                if not self._make_room(txn, level + 1, nbytes, usage, protect | {key},
-                                       pending, stats):
-                    return False
-                blocks = []
-                for layer, (tier, size) in enumerate(meta.blocks):
-                    if tier == name:
-                        new_size = pending.move(block_key(key, layer), name, dst,
-                                                self._transcoder(dst, stats))
-                        usage.add(name, -1, -size)
-                        usage.add(dst, 1, new_size)
-                        tier, size = dst, new_size
-                    blocks.append((tier, size))
-                current = ix.get_chunk(txn, key) or meta
-                ix.put_chunk(txn, key, current.with_(blocks=tuple(blocks)), current)
-                stats["demoted"] += 1
-        return True
-
-    def _transcoder(self, tier: str, stats: Counter[str]) -> Callable[[Any], Any]:
-        """Re-encode a moving record with ``tier``'s codec. A record that fails verification
-        moves unchanged, so its reads still report it (never silently "repaired")."""
-        codec = self._codecs[tier]
-
-        def transform(record: Any) -> Any:
-            try:
-                dec = decode_record(record)
-                out = reencode(record, dec, codec)
-            except IntegrityError:
-                stats["moved_corrupt"] += 1
-                return record
-            if out is not record:
-                stats["reencoded"] += 1
-            return out
-
-        return transform
-
-    def _free_chunk(self, txn: Any, key: bytes, meta: ChunkMeta, pending: _Pending,
-                    usage: Usage | None) -> None:
-        """Remove one chunk from the index (records deleted after commit)."""
-        ix = self._index
-        ix.del_chunk(txn, key, meta)
-        for layer, (tier, size) in enumerate(meta.blocks):
-            pending.drop(tier, block_key(key, layer))
-            if usage is not None:
-                usage.add(tier, -1, -size)
-        if meta.parent:
-            pmeta = ix.get_chunk(txn, meta.parent)
-            if pmeta is not None:
-                ix.put_chunk(txn, meta.parent, pmeta.with_(kids=max(0, pmeta.kids - 1)), pmeta)
-
     # -- the read path ------------------------------------------------------------------------
-    def _stored(self, txn: Any, keys: list[bytes]) -> list[ChunkMeta]:
-        metas = []
+    def _stored(self, txn: Any, keys: list[bytes]
+                ) -> tuple[list[ChunkMeta], CorruptStoreError | None]:
+        """Index entries of the stored prefix, and the error of a damaged entry ending it."""
+        metas: list[ChunkMeta] = []
         for k in keys:
-            m = self._index.get_chunk(txn, k)
+            try:
+                m = self._index.get_chunk(txn, k)
+            except CorruptStoreError as exc:
+                return metas, exc
             if m is None:
                 break
             metas.append(m)
-        return metas
+        return metas, None
 
     def lookup(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
         """Length in tokens of the longest stored prefix of ``tokens`` (not yet verified)."""
         _, _, _, keys = self._prepare(tokens, model)
         with self._index.env.read() as txn:
-            metas = self._stored(txn, keys)
+            metas, _ = self._stored(txn, keys)
         with self._lock:
             self._counters["lookups"] += 1
         return sum(m.n_tokens for m in metas)
@@ -649,9 +431,9 @@ class Engine:
         """Read back the KV of the longest stored prefix of ``tokens``, verified.
 
         Every block's header and checksum are checked. Reading stops at the first chunk with a
-        block that is uncorrectable or missing: ``n_tokens`` counts only the verified prefix,
-        and ``blocks`` reports what happened to each block read. With ``strict=True`` the first
-        integrity error is raised instead.
+        block that is uncorrectable or missing (or a damaged index entry): ``n_tokens`` counts
+        only the verified prefix, and ``blocks`` reports what happened to each block read.
+        With ``strict=True`` the first integrity error is raised instead.
 
         ``out`` (numpy, ``[layers, 2, >= tokens, kv_heads, head_dim]`` in the model's dtype)
         is filled in place instead of allocating, e.g. a serving engine's preallocated buffer;
@@ -659,7 +441,7 @@ class Engine:
         """
         spec, fp, toks, keys = self._prepare(tokens, model)
         with self._index.env.read() as txn:
-            metas = self._stored(txn, keys)
+            metas, damaged = self._stored(txn, keys)
         stored = sum(m.n_tokens for m in metas)
         dtype = numpy_dtype(spec.dtype)
         if out is None:
@@ -683,9 +465,7 @@ class Engine:
                     readers[tier] = stack.enter_context(self._tiers[tier].reader())
                 return readers[tier]
 
-            starts: list[int] = []
             for ci, meta in enumerate(metas):
-                starts.append(done)
                 good = True
                 n = meta.n_tokens
                 for layer in range(spec.n_layers):
@@ -700,7 +480,13 @@ class Engine:
                 if not good:
                     break
                 done += n
-        if self.config.repair:
+        if damaged is not None and done == stored:
+            if strict:
+                raise damaged
+            statuses.append(BlockStatus(len(metas), 0, "index", UNCORRECTABLE, 0, damaged))
+            bounds = chunk_bounds(len(toks), self.config.chunk_tokens)
+            stored += bounds[len(metas)][1] - bounds[len(metas)][0]
+        if self.config.repair and not self.readonly:
             fixes = [(keys[st.chunk], st.layer, st.tier) for st in statuses
                      if st.status == CORRECTED]
             if fixes:
@@ -726,8 +512,14 @@ class Engine:
                 raise RecordMismatchError(
                     f"index entry has {len(meta.blocks)} layers, the model {spec.n_layers}"
                 )
+            if tier not in self._tiers:
+                raise MissingRecordError(f"tier {tier} is not configured")
             rec = reader(tier).get(bkey)
-            if rec is None:
+            if rec is not None:
+                repairs, corrected = self._verify_into(rec, key, layer, fp, spec,
+                                                       meta.n_tokens, dest,
+                                                       meta.blocks[layer][1])
+            else:
                 # A concurrent writer may have demoted the chunk: look again, once.
                 with self._index.env.read() as txn:
                     fresh = self._index.get_chunk(txn, key)
@@ -735,12 +527,14 @@ class Engine:
                     return BlockStatus(ci, layer, tier, MISSING, 0,
                                        MissingRecordError("chunk was evicted during the read"))
                 tier = fresh.blocks[layer][0]
-                copy = self._tiers[tier].get(bkey)
-                if copy is None:
-                    raise MissingRecordError(f"block {bkey.hex()} is missing from tier {tier}")
-                rec = memoryview(copy)
-            repairs, corrected = self._verify_into(rec, key, layer, fp, spec, meta.n_tokens,
-                                                   dest)
+                with self._tiers[tier].reader() as r:
+                    rec = r.get(bkey)
+                    if rec is None:
+                        raise MissingRecordError(f"block {bkey.hex()} is missing from tier "
+                                                 f"{tier}")
+                    repairs, corrected = self._verify_into(rec, key, layer, fp, spec,
+                                                           meta.n_tokens, dest,
+                                                           fresh.blocks[layer][1])
         except MissingRecordError as exc:
             return BlockStatus(ci, layer, tier, MISSING, 0, exc)
         except IntegrityError as exc:
@@ -751,11 +545,18 @@ class Engine:
 
     @staticmethod
     def _verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
-                     n_tokens: int, dest: np.ndarray | None) -> tuple[int, int]:
-        """Check one record and copy its data into ``dest``.
+                     n_tokens: int, dest: np.ndarray | None, size: int = -1
+                     ) -> tuple[int, int]:
+        """Check one record and copy its data into ``dest`` (inside the reader's snapshot).
 
-        Returns (header copies repaired, symbols or bits the ECC corrected).
+        ``size`` is the record's length as the index knows it: a longer zero-copy view comes
+        from a damaged database page and is not touched at all (its bytes may lie past the end
+        of the file); a shorter one is decoded and reported as what it is. Returns (header copies repaired, symbols or bits the
+        ECC corrected).
         """
+        if size >= 0 and memoryview(rec).nbytes > size:
+            raise CorruptRecordError(f"record is {memoryview(rec).nbytes} bytes, the index "
+                                     f"says {size}")
         dec = decode_record(rec, expect_key=key, expect_layer=layer, expect_fingerprint=fp)
         h = dec.header
         if h.shape != spec.block_shape(n_tokens) or h.dtype != spec.dtype:
@@ -767,10 +568,6 @@ class Engine:
         return dec.header_repairs, corrected
 
     # -- control ------------------------------------------------------------------------------
-    def _stored_keys(self, tokens: Any, model: ModelSpec | dict[str, Any]) -> list[bytes]:
-        _, _, _, keys = self._prepare(tokens, model)
-        return keys
-
     def pin(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
         """Pin the stored prefix of ``tokens`` against eviction and demotion.
 
@@ -783,11 +580,12 @@ class Engine:
         return self._adjust_pins(tokens, model, -1)
 
     def _adjust_pins(self, tokens: Any, model: ModelSpec | dict[str, Any], delta: int) -> int:
-        keys = self._stored_keys(tokens, model)
+        _, _, _, keys = self._prepare(tokens, model)
 
-        def fn(txn: Any, pending: _Pending) -> int:
+        def fn(txn: Any, pending: Pending) -> int:
             changed = 0
-            for meta, key in zip(self._stored(txn, keys), keys, strict=False):
+            metas, _ = self._stored(txn, keys)
+            for meta, key in zip(metas, keys, strict=False):
                 pins = max(0, meta.pins + delta)
                 if pins != meta.pins:
                     self._index.put_chunk(txn, key, meta.with_(pins=pins), meta)
@@ -804,13 +602,13 @@ class Engine:
         Pinned chunks are kept unless ``force``. Nothing happens unless all of ``tokens`` is
         stored. Returns the number of chunks freed.
         """
-        keys = self._stored_keys(tokens, model)
+        _, _, _, keys = self._prepare(tokens, model)
         if not keys:
             return 0
 
-        def fn(txn: Any, pending: _Pending) -> int:
+        def fn(txn: Any, pending: Pending) -> int:
             ix = self._index
-            metas = self._stored(txn, keys)
+            metas, _ = self._stored(txn, keys)
             if len(metas) != len(keys):
                 return 0
             usage = ix.usage(txn)
@@ -820,9 +618,10 @@ class Engine:
             freed = 0
             for key in reversed(keys):
                 meta = ix.get_chunk(txn, key)
-                if meta is None or meta.refs or (meta.pins and not force):
+                if (meta is None or meta.end or (meta.pins and not force)
+                        or ix.has_kids(txn, key)):
                     break
-                self._free_chunk(txn, key, meta, pending, usage)
+                free_chunk(ix, txn, key, meta, pending, usage)
                 freed += 1
             ix.set_usage(txn, usage)
             return freed
@@ -830,164 +629,95 @@ class Engine:
         return int(self._mutate(fn))
 
     def clear(self, *, model: ModelSpec | dict[str, Any] | None = None) -> int:
-        """Remove everything (or every chunk of one model). Returns chunks removed."""
+        """Remove everything (or every chunk of one model), records included, under the
+        writer lock. Returns chunks removed."""
         self._check()
         fp = None if model is None else as_model_spec(model).fingerprint()
 
-        def fn(txn: Any, pending: _Pending) -> int:
+        def fn(txn: Any, pending: Pending) -> int:
             ix = self._index
-            if fp is None:
-                n = ix.count_chunks(txn)
-                ix.clear(txn)
-                return n
-            usage = ix.usage(txn)
-            victims = [(k, m) for k, m in ix.chunks(txn) if m.fingerprint == fp]
+            victims = [(k, m) for k, m in ix.chunks(txn)
+                       if fp is None or (m is not None and m.fingerprint == fp)]
             for k, m in victims:
-                self._free_chunk(txn, k, m, pending, usage)
-            ix.set_usage(txn, usage)
+                if m is None:   # a damaged entry: its blocks may be in any tier
+                    for name in self._tiers:
+                        for layer in range(1 << 16):
+                            if self._tiers[name].get(block_key(k, layer)) is None:
+                                break
+                            pending.drop(name, block_key(k, layer))
+                free_chunk(ix, txn, k, m, pending, None)
+            if fp is None:
+                ix.clear(txn)
+            else:
+                ix.set_usage(txn, ix.recount_usage(txn))
             return len(victims)
 
-        n = int(self._mutate(fn))
-        if fp is None:
-            for tier in self._tiers.values():
-                tier.clear()
-        return n
+        return int(self._mutate(fn))
 
     # -- inspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Store contents, tier usage and this session's counters."""
         self._check()
         ix = self._index
-        chunks = pinned = shared = tokens = 0
+        chunks = pinned = tokens = unreadable = shared = 0
         with ix.env.read() as txn:
             usage = ix.usage(txn)
             models = ix.models(txn)
-            for _, m in ix.chunks(txn):
+            kids = ix.kid_counts(txn)
+            for key, m in ix.chunks(txn):
                 chunks += 1
+                if m is None:
+                    unreadable += 1
+                    continue
                 pinned += m.pins > 0
-                shared += m.refs > 1
                 tokens += m.n_tokens
+                shared += kids.get(key, 0) + int(m.end) > 1
         tiers = {}
         for name in self._order:
             tc = self.config.tier(name)
             tiers[name] = {
-                "medium": tc.medium,
-                "blocks": usage.blocks(name),
-                "bytes": usage.bytes(name),
-                "capacity_bytes": tc.capacity_bytes,
-                "fault_model": tc.fault_model,
-                "ecc": tc.ecc,
-                **self._tiers[name].stats(),
+                "medium": tc.medium, "blocks": usage.blocks(name), "bytes": usage.bytes(name),
+                "capacity_bytes": tc.capacity_bytes, "fault_model": tc.fault_model,
+                "ecc": tc.ecc, **self._tiers[name].stats(),
             }
         with self._lock:
             session = dict(self._counters)
         return {
             "path": str(self.root),
+            "store_id": self.identity.id,
+            "readonly": self.readonly,
             "chunk_tokens": self.config.chunk_tokens,
             "chunks": chunks,
+            "unreadable_chunks": unreadable,
             "tokens": tokens,
             "pinned_chunks": pinned,
             "shared_chunks": shared,
-            "models": [{"fingerprint": fp.hex(), **spec} for fp, spec in models.items()],
+            "models": [{"fingerprint": fp.hex(), **(spec or {"damaged": True})}
+                       for fp, spec in models.items()],
             "tiers": tiers,
             "session": session,
         }
 
     def verify(self, *, progress: Callable[[int, int], None] | None = None,
                repair: bool = False) -> VerifyReport:
-        """Read and check every record the index refers to; count unreferenced records.
+        """Read and check every record the index refers to; count unreferenced records,
+        unreadable index entries, unreachable chunks and damaged tiers.
 
-        With ``repair`` every corrected block is rewritten from its corrected data.
+        With ``repair`` (not on a read-only store) every corrected block is rewritten from its
+        corrected data, unreferenced records are deleted, usage is recounted from the index
+        and dropped chunks are acknowledged.
         """
+        from rkv.upkeep import verify
+
         self._check()
-        ix = self._index
-        with ix.env.read() as txn:
-            entries = list(ix.chunks(txn))
-            models = {fp: ModelSpec.from_dict(spec) for fp, spec in ix.models(txn).items()}
-        counts: Counter[str] = Counter()
-        problems: list[tuple[str, int, str, str]] = []
-        referenced: dict[str, set[bytes]] = defaultdict(set)
-        to_repair: list[tuple[bytes, int, str]] = []
-        for i, (key, meta) in enumerate(entries):
-            spec = models.get(meta.fingerprint)
-            for layer, (tier, _) in enumerate(meta.blocks):
-                bkey = block_key(key, layer)
-                referenced[tier].add(bkey)
-                if spec is None:
-                    counts[UNCORRECTABLE] += 1
-                    problems.append((key.hex(), layer, tier, "unknown model fingerprint"))
-                    continue
-                st = self._check_block(key, layer, tier, meta, spec)
-                counts[st.status] += 1
-                if st.status == CORRECTED and repair:
-                    to_repair.append((key, layer, tier))
-                if st.error is not None:
-                    problems.append((key.hex(), layer, tier,
-                                     f"{type(st.error).__name__}: {st.error}"))
-            if progress is not None:
-                progress(i + 1, len(entries))
-        orphans = 0
-        for name, store in self._tiers.items():
-            orphans += sum(1 for k in store.iter_keys() if k not in referenced[name])
-        repaired = self._repair(to_repair) if to_repair else 0
-        return VerifyReport(
-            chunks=len(entries), blocks=sum(counts.values()), ok=counts[OK],
-            corrected=counts[CORRECTED], uncorrectable=counts[UNCORRECTABLE],
-            missing=counts[MISSING], orphans=orphans, problems=problems, repaired=repaired,
-        )
+        if repair and self.readonly:
+            raise ReadOnlyStoreError(f"{self.root} is open read-only: cannot repair")
+        return verify(self, progress, repair)
 
     def _repair(self, items: list[tuple[bytes, int, str]]) -> int:
-        """Rewrite blocks that needed correction, from their stored record: verified,
-        corrected and re-encoded with their tier's ECC (quantized values are kept as they
-        are, never re-quantized)."""
-        ix = self._index
+        from rkv.upkeep import repair_blocks
 
-        def fn(txn: Any, pending: _Pending) -> int:
-            usage = ix.usage(txn)
-            done = 0
-            for key, layer, tier in items:
-                meta = ix.get_chunk(txn, key)
-                if meta is None or meta.blocks[layer][0] != tier:
-                    continue  # moved or freed meanwhile: nothing to repair here
-                bkey = block_key(key, layer)
-                record = self._tiers[tier].get(bkey)
-                if record is None:
-                    continue
-                try:
-                    rec = reencode(record, decode_record(record), self._codecs[tier])
-                except IntegrityError:
-                    continue  # no longer correctable: reads keep reporting it
-                size = memoryview(rec).nbytes
-                old = meta.blocks[layer][1]
-                if size != old:
-                    blocks = list(meta.blocks)
-                    blocks[layer] = (tier, size)
-                    ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
-                    usage.add(tier, 0, size - old)
-                pending.write(tier, bkey, rec, size)
-                done += 1
-            ix.set_usage(txn, usage)
-            return done
-
-        repaired = int(self._mutate(fn))
+        repaired = repair_blocks(self, items)
         with self._lock:
             self._counters["blocks_repaired"] += repaired
         return repaired
-
-    def _check_block(self, key: bytes, layer: int, tier: str, meta: ChunkMeta,
-                     spec: ModelSpec, dest: np.ndarray | None = None) -> BlockStatus:
-        if tier not in self._tiers:
-            return BlockStatus(meta.pos, layer, tier, MISSING, 0,
-                               MissingRecordError(f"tier {tier} is not configured"))
-        with self._tiers[tier].reader() as r:
-            rec = r.get(block_key(key, layer))
-            if rec is None:
-                return BlockStatus(meta.pos, layer, tier, MISSING, 0,
-                                   MissingRecordError("record is missing"))
-            try:
-                repairs, corrected = self._verify_into(rec, key, layer, meta.fingerprint, spec,
-                                                       meta.n_tokens, dest)
-            except IntegrityError as exc:
-                return BlockStatus(meta.pos, layer, tier, UNCORRECTABLE, 0, exc)
-        status = CORRECTED if repairs or corrected else OK
-        return BlockStatus(meta.pos, layer, tier, status, corrected, None, repairs)

@@ -1,16 +1,23 @@
-"""The store's index: which chunks exist, where their blocks live, pins, reference counts.
+"""The store's index: which chunks exist, where their blocks live, pins, children.
 
 One LMDB environment at ``<store>/index`` with named databases:
 
 * ``chunks``: chunk key (32 bytes) -> :class:`ChunkMeta` as JSON;
+* ``kids``: ``parent key | child key`` -> empty, so a chunk's children can be listed (and a
+  chunk is a leaf when it has none);
 * ``lru``: ``tier name | 0x00 | last access (u64 ns, big-endian) | chunk key`` -> empty, one
   entry per (tier, chunk) so the least recently used chunks of a tier come first in a scan;
 * ``models``: fingerprint (16 bytes) -> the :class:`~rkv.model.ModelSpec` as JSON;
-* ``meta``: ``format``, ``config`` (the engine config as JSON), ``tiers`` (store ids of the
-  tiers this index was written against) and ``usage`` (blocks and bytes per tier).
+* ``meta``: ``format``, ``config`` (the engine config), ``tiers`` (store ids of the tiers this
+  index was written against), ``store`` (the store's id) and ``usage`` (blocks and bytes per
+  tier, recomputable from ``chunks`` by :meth:`Index.recount_usage`).
+
+Format 2 seals every value of ``chunks``, ``models`` and ``meta`` with an xxh3-64 over key and
+value, so a damaged entry reads as :class:`~rkv.errors.CorruptStoreError` instead of as other
+data. Format 1 (no seals, no ``kids``) is read and upgraded on the first writable open.
 
 The index is the single writer lock of the store: every mutation runs inside an index write
-transaction, so concurrent processes serialize and no update is lost.
+transaction (and the store's writer lock, see :mod:`rkv.txn`), so no update is lost.
 """
 
 from __future__ import annotations
@@ -21,15 +28,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rkv.errors import CorruptRecordError, UnknownFormatError
+import xxhash
+
+from rkv.errors import CorruptStoreError, UnknownFormatError
 from rkv.lmdbenv import SharedEnv, acquire, release
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
 CHUNKS = b"chunks"
+KIDS = b"kids"
 LRU = b"lru"
 MODELS = b"models"
 META = b"meta"
-_DBS = (CHUNKS, LRU, MODELS, META)
+_DBS = (CHUNKS, KIDS, LRU, MODELS, META)
+INDEX_MAP_BYTES = 64 << 30
 
 
 @dataclass(frozen=True)
@@ -41,15 +52,9 @@ class ChunkMeta:
     n_tokens: int
     fingerprint: bytes
     blocks: tuple[tuple[str, int], ...]   # per layer: (tier name, record bytes)
-    kids: int = 0                 # stored chunks whose parent this is
     end: bool = False             # some stored sequence ends here
     pins: int = 0
     at: int = 0                   # last access, ns since the epoch
-
-    @property
-    def refs(self) -> int:
-        """References that keep this chunk alive: children plus a sequence ending here."""
-        return self.kids + int(self.end)
 
     @property
     def nbytes(self) -> int:
@@ -65,7 +70,7 @@ class ChunkMeta:
         return json.dumps(
             {"p": self.parent.hex(), "i": self.pos, "n": self.n_tokens,
              "fp": self.fingerprint.hex(), "b": [list(b) for b in self.blocks],
-             "k": self.kids, "e": self.end, "pin": self.pins, "at": self.at},
+             "e": self.end, "pin": self.pins, "at": self.at},
             separators=(",", ":"),
         ).encode()
 
@@ -73,14 +78,18 @@ class ChunkMeta:
     def from_json(cls, raw: Any) -> ChunkMeta:
         try:
             d = json.loads(bytes(raw))
-            return cls(
+            meta = cls(
                 parent=bytes.fromhex(d["p"]), pos=int(d["i"]), n_tokens=int(d["n"]),
                 fingerprint=bytes.fromhex(d["fp"]),
                 blocks=tuple((str(t), int(s)) for t, s in d["b"]),
-                kids=int(d["k"]), end=bool(d["e"]), pins=int(d["pin"]), at=int(d["at"]),
+                end=bool(d["e"]), pins=int(d["pin"]), at=int(d["at"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptRecordError(f"corrupt index entry: {exc}") from exc
+            raise CorruptStoreError(f"corrupt index entry: {exc}") from exc
+        if meta.n_tokens < 1 or meta.pins < 0 or meta.at < 0 or len(meta.fingerprint) != 16 \
+                or any(s < 0 for _, s in meta.blocks) or len(meta.parent) not in (0, 32):
+            raise CorruptStoreError("corrupt index entry: values out of range")
+        return meta
 
     def with_(self, **changes: Any) -> ChunkMeta:
         return replace(self, **changes)
@@ -88,6 +97,17 @@ class ChunkMeta:
 
 def lru_key(tier: str, at: int, key: bytes) -> bytes:
     return tier.encode() + b"\x00" + at.to_bytes(8, "big") + key
+
+
+def seal(key: bytes, body: bytes) -> bytes:
+    return body + xxhash.xxh3_64_digest(key + body)
+
+
+def unseal(key: bytes, raw: Any, what: str) -> bytes:
+    data = bytes(raw)
+    if len(data) < 8 or xxhash.xxh3_64_digest(key + data[:-8]) != data[-8:]:
+        raise CorruptStoreError(f"index entry {what} failed its checksum")
+    return data[:-8]
 
 
 @dataclass
@@ -111,84 +131,211 @@ class Usage:
 class Index:
     """Typed access to the index databases inside caller-managed transactions."""
 
-    def __init__(self, path: Path, *, sync: bool) -> None:
-        self.env: SharedEnv = acquire(path, map_size=16 << 20, dbs=_DBS, sync=sync)
+    def __init__(self, path: Path, *, sync: bool, readonly: bool = False,
+                 create: bool = True) -> None:
+        self.env: SharedEnv = acquire(path, map_size=INDEX_MAP_BYTES, dbs=_DBS, sync=sync,
+                                      readonly=readonly, create=create)
         self._chunks = self.env.db(CHUNKS)
+        self._kids = self.env.db(KIDS)
         self._lru = self.env.db(LRU)
         self._models = self.env.db(MODELS)
         self._meta = self.env.db(META)
+        self.format = INDEX_FORMAT
+
+    def check(self) -> None:
+        """Verify the index file's structure before a scan (under the writer lock): a cursor
+        walking onto a damaged page would abort the process inside LMDB."""
+        with self.env.exclusive():
+            self.env.check_pages()
 
     def close(self) -> None:
         release(self.env)
 
+    def _get(self, txn: Any, db: Any, key: bytes, what: str) -> bytes | None:
+        if db is None:
+            return None
+        v = txn.get(key, db=db)
+        if v is None:
+            return None
+        return unseal(key, v, what) if self.format >= 2 else bytes(v)
+
+    def _put(self, txn: Any, db: Any, key: bytes, body: bytes) -> None:
+        txn.put(key, seal(key, body), db=db)
+
     # -- meta -------------------------------------------------------------------------------
     def get_meta(self, txn: Any, name: str) -> Any:
-        v = txn.get(name.encode(), db=self._meta)
+        v = self._get(txn, self._meta, name.encode(), f"meta/{name}")
         if v is None:
             return None
         try:
-            return json.loads(bytes(v))
+            return json.loads(v)
         except ValueError as exc:
-            raise CorruptRecordError(f"corrupt index metadata {name!r}") from exc
+            raise CorruptStoreError(f"corrupt index metadata {name!r}") from exc
 
     def set_meta(self, txn: Any, name: str, value: Any) -> None:
-        txn.put(name.encode(), json.dumps(value, sort_keys=True).encode(), db=self._meta)
+        self._put(txn, self._meta, name.encode(), json.dumps(value, sort_keys=True).encode())
 
     def check_format(self, txn: Any) -> bool:
-        """True when the index exists; raises if it has an unknown format."""
-        fmt = self.get_meta(txn, "format")
-        if fmt is None:
+        """True when the index exists; learns its format (1 or 2); raises on others."""
+        raw = None if self._meta is None else txn.get(b"format", db=self._meta)
+        if raw is None:
             return False
-        if fmt != INDEX_FORMAT:
-            raise UnknownFormatError(f"index format {fmt!r} is not supported")
-        return True
+        raw = bytes(raw)
+        for fmt, body in ((2, raw[:-8]), (1, raw)):
+            try:
+                if json.loads(body) == fmt and (fmt == 1 or seal(b"format", body) == raw):
+                    self.format = fmt
+                    return True
+            except ValueError:
+                continue
+        raise UnknownFormatError(f"index format {raw[:16]!r} is not supported (or damaged)")
+
+    def upgrade(self, txn: Any) -> None:
+        """Rewrite a format-1 index as format 2 (seals and the ``kids`` database)."""
+        if self.format >= 2:
+            return
+        self.format = 1
+        self.check()
+        entries = {db: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=db)]
+                   for db in (self._chunks, self._models, self._meta)}
+        for db, items in entries.items():
+            for k, v in items:
+                if db is self._chunks:
+                    d = json.loads(v)
+                    d.pop("k", None)
+                    v = json.dumps(d, separators=(",", ":")).encode()
+                    if d["p"]:
+                        txn.put(bytes.fromhex(d["p"]) + k, b"", db=self._kids)
+                self._put(txn, db, k, v)
+        self.format = 2
+        self.set_meta(txn, "format", INDEX_FORMAT)
 
     def usage(self, txn: Any) -> Usage:
-        return Usage(self.get_meta(txn, "usage") or {})
+        try:
+            raw = self.get_meta(txn, "usage") or {}
+            return Usage({str(t): [int(b), int(n)] for t, (b, n) in raw.items()})
+        except (CorruptStoreError, ValueError, TypeError, AttributeError):
+            return self.recount_usage(txn)   # derived data: rebuild rather than fail
 
     def set_usage(self, txn: Any, usage: Usage) -> None:
         self.set_meta(txn, "usage", usage.tiers)
 
+    def recount_usage(self, txn: Any) -> Usage:
+        """Usage recomputed from the chunk entries (readable ones)."""
+        usage = Usage()
+        for _, meta in self.chunks(txn):
+            if meta is not None:
+                for tier, size in meta.blocks:
+                    usage.add(tier, 1, size)
+        return usage
+
     # -- models -----------------------------------------------------------------------------
     def put_model(self, txn: Any, fingerprint: bytes, spec_json: bytes) -> None:
-        if txn.get(fingerprint, db=self._models) is None:
-            txn.put(fingerprint, spec_json, db=self._models)
+        try:
+            if self._get(txn, self._models, fingerprint, "model") is not None:
+                return
+        except CorruptStoreError:
+            pass  # rewrite a damaged entry with the caller's (identical by fingerprint) spec
+        self._put(txn, self._models, fingerprint, spec_json)
 
-    def models(self, txn: Any) -> dict[bytes, dict[str, Any]]:
-        return {bytes(k): json.loads(bytes(v)) for k, v in txn.cursor(db=self._models)}
+    def models(self, txn: Any) -> dict[bytes, dict[str, Any] | None]:
+        """Model specs by fingerprint; None for an entry that is damaged."""
+        out: dict[bytes, dict[str, Any] | None] = {}
+        if self._models is None:
+            return out
+        self.check()
+        for k, _ in txn.cursor(db=self._models):
+            key = bytes(k)
+            try:
+                out[key] = json.loads(self._get(txn, self._models, key, "model") or b"")
+            except (CorruptStoreError, ValueError):
+                out[key] = None
+        return out
 
     # -- chunks -----------------------------------------------------------------------------
     def get_chunk(self, txn: Any, key: bytes) -> ChunkMeta | None:
-        v = txn.get(key, db=self._chunks)
+        """The chunk's entry, None when absent; raises CorruptStoreError when damaged."""
+        v = self._get(txn, self._chunks, key, f"chunk {key.hex()[:16]}")
         return None if v is None else ChunkMeta.from_json(v)
 
     def has_chunk(self, txn: Any, key: bytes) -> bool:
-        return txn.get(key, db=self._chunks) is not None
+        return self._chunks is not None and txn.get(key, db=self._chunks) is not None
 
     def put_chunk(self, txn: Any, key: bytes, meta: ChunkMeta, old: ChunkMeta | None) -> None:
         if old is not None:
             self._drop_lru(txn, key, old)
-        txn.put(key, meta.to_json(), db=self._chunks)
+        elif meta.parent:
+            txn.put(meta.parent + key, b"", db=self._kids)
+        self._put(txn, self._chunks, key, meta.to_json())
         for tier in meta.tiers():
             txn.put(lru_key(tier, meta.at, key), b"", db=self._lru)
 
-    def del_chunk(self, txn: Any, key: bytes, meta: ChunkMeta) -> None:
-        self._drop_lru(txn, key, meta)
+    def del_chunk(self, txn: Any, key: bytes, meta: ChunkMeta | None) -> None:
+        """Remove an entry (``meta`` None for a damaged one: its LRU rows go stale and are
+        dropped when met)."""
+        if meta is not None:
+            self._drop_lru(txn, key, meta)
+            if meta.parent:
+                txn.delete(meta.parent + key, db=self._kids)
         txn.delete(key, db=self._chunks)
 
     def _drop_lru(self, txn: Any, key: bytes, meta: ChunkMeta) -> None:
         for tier in meta.tiers():
             txn.delete(lru_key(tier, meta.at, key), db=self._lru)
 
-    def chunks(self, txn: Any) -> Iterator[tuple[bytes, ChunkMeta]]:
-        for k, v in txn.cursor(db=self._chunks):
-            yield bytes(k), ChunkMeta.from_json(v)
+    def drop_lru_row(self, txn: Any, tier: str, at: int, key: bytes) -> None:
+        txn.delete(lru_key(tier, at, key), db=self._lru)
+
+    def kids(self, txn: Any, key: bytes) -> list[bytes]:
+        """Keys of the stored children of chunk ``key``."""
+        if self._kids is None:
+            return []
+        cur = txn.cursor(db=self._kids)
+        out: list[bytes] = []
+        if not cur.set_range(key):
+            return out
+        for k in cur.iternext(values=False):
+            k = bytes(k)
+            if not k.startswith(key):
+                break
+            out.append(k[len(key):])
+        return out
+
+    def kid_counts(self, txn: Any) -> dict[bytes, int]:
+        """Number of child rows per parent key (one pass over ``kids``)."""
+        out: dict[bytes, int] = {}
+        self.check()
+        if self._kids is not None:
+            for k in txn.cursor(db=self._kids).iternext(values=False):
+                parent = bytes(k[:32])
+                out[parent] = out.get(parent, 0) + 1
+        return out
+
+    def has_kids(self, txn: Any, key: bytes) -> bool:
+        if self._kids is None:
+            return False
+        cur = txn.cursor(db=self._kids)
+        return bool(cur.set_range(key)) and bytes(cur.key()).startswith(key)
+
+    def chunks(self, txn: Any) -> Iterator[tuple[bytes, ChunkMeta | None]]:
+        """Every entry; None for an entry that is damaged."""
+        if self._chunks is None:
+            return
+        self.check()
+        for k, _ in txn.cursor(db=self._chunks):
+            key = bytes(k)
+            try:
+                yield key, self.get_chunk(txn, key)
+            except CorruptStoreError:
+                yield key, None
 
     def count_chunks(self, txn: Any) -> int:
-        return int(txn.stat(self._chunks)["entries"])
+        return 0 if self._chunks is None else int(txn.stat(self._chunks)["entries"])
 
-    def lru_order(self, txn: Any, tier: str) -> Iterator[bytes]:
-        """Chunk keys with blocks in ``tier``, least recently used first."""
+    def lru_order(self, txn: Any, tier: str) -> Iterator[tuple[int, bytes]]:
+        """(access time, chunk key) with blocks in ``tier``, least recently used first."""
+        if self._lru is None:
+            return
         prefix = tier.encode() + b"\x00"
         cur = txn.cursor(db=self._lru)
         if not cur.set_range(prefix):
@@ -197,9 +344,10 @@ class Index:
             k = bytes(k)
             if not k.startswith(prefix):
                 return
-            yield k[len(prefix) + 8:]
+            rest = k[len(prefix):]
+            yield int.from_bytes(rest[:8], "big"), rest[8:]
 
     def clear(self, txn: Any) -> None:
-        for db in (self._chunks, self._lru, self._models):
+        for db in (self._chunks, self._kids, self._lru, self._models):
             txn.drop(db, delete=False)
         self.set_usage(txn, Usage())

@@ -349,13 +349,13 @@ def test_closed_and_not_a_store(tmp_path: Path) -> None:
 
 
 def test_default_config_uses_memory_dir_and_destroy(tmp_path: Path) -> None:
-    from rkv.engine import memory_dir, resolve_tier_path
+    from rkv.store import memory_dir, resolve_tier_path
 
     path = tmp_path / "default"
     with Engine.open(path) as e:
         e.put(toks(8), random_kv(SMALL, 8), model=SMALL)
-        dram = resolve_tier_path(path, e.config.tier("dram"))
-        nvme = resolve_tier_path(path, e.config.tier("nvme"))
+        dram = resolve_tier_path(path, e.config.tier("dram"), e.identity.id)
+        nvme = resolve_tier_path(path, e.config.tier("nvme"), e.identity.id)
     if memory_dir() is not None:
         assert str(dram).startswith(str(memory_dir()))
     assert str(nvme).startswith(str(path))

@@ -1,0 +1,98 @@
+"""What the engine's calls return: per-block statuses, get/put results, verify reports."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rkv.errors import IntegrityError
+
+#: Block outcomes reported by :meth:`Engine.get` and :meth:`Engine.verify`.
+OK, CORRECTED, UNCORRECTABLE, MISSING = "ok", "corrected", "uncorrectable", "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStatus:
+    """The outcome of reading one block."""
+
+    chunk: int
+    layer: int
+    tier: str
+    status: str                   # ok | corrected | uncorrectable | missing
+    corrected: int = 0            # symbols (Reed-Solomon) or bits (BCH) the ECC corrected
+    error: IntegrityError | None = None
+    header_repairs: int = 0       # header/prelude copies that were outvoted or skipped
+
+
+@dataclass(frozen=True)
+class GetResult:
+    """KV for the longest verified stored prefix of the requested tokens."""
+
+    n_tokens: int
+    kv: Any                       # [layers, 2, n_tokens, kv_heads, head_dim], numpy or torch
+    blocks: list[BlockStatus]
+    stored_tokens: int            # what the index promised before verification
+
+    @property
+    def counts(self) -> dict[str, int]:
+        c = Counter(b.status for b in self.blocks)
+        return {s: c.get(s, 0) for s in (OK, CORRECTED, UNCORRECTABLE, MISSING)}
+
+    @property
+    def corrected(self) -> int:
+        return sum(b.corrected for b in self.blocks)
+
+    @property
+    def ok(self) -> bool:
+        """True when every stored block was read back verified (clean or corrected)."""
+        return self.n_tokens == self.stored_tokens
+
+    def errors(self) -> list[IntegrityError]:
+        return [b.error for b in self.blocks if b.error is not None]
+
+
+@dataclass(frozen=True)
+class PutResult:
+    n_tokens: int
+    chunks: int
+    chunks_written: int
+    chunks_deduped: int
+    blocks_written: int
+    bytes_written: int
+    evicted_chunks: int = 0
+    demoted_chunks: int = 0
+    tiers: dict[str, int] = field(default_factory=dict)   # chunks written per tier
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :meth:`Engine.verify` found.
+
+    ``unreadable_chunks``: index entries that failed their checksum; ``unreachable``: chunks
+    whose parent is not stored (kept: they become reachable again when the prefix is stored);
+    ``orphans``: records no index entry refers to; ``damaged_tiers``: tiers that cannot be
+    read as a whole; ``dropped``: chunks the store dropped since the last repair because their
+    tier was wiped (a memory tier after a reboot).
+    """
+
+    chunks: int
+    blocks: int
+    ok: int
+    corrected: int
+    uncorrectable: int
+    missing: int
+    orphans: int
+    problems: list[tuple[str, int, str, str]]   # (chunk key hex, layer, tier, message)
+    repaired: int = 0
+    unreadable_chunks: int = 0
+    unreachable: int = 0
+    damaged_tiers: list[str] = field(default_factory=list)
+    dropped: int = 0
+    reclaimed: int = 0
+    usage_fixed: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return (self.uncorrectable == 0 and self.missing == 0 and self.unreadable_chunks == 0
+                and not self.damaged_tiers and self.dropped == 0)

@@ -1,0 +1,113 @@
+"""Where a store's files live, what identifies it, and how it is deleted.
+
+A store is its directory: the index at ``<store>/index`` and disk tiers under
+``<store>/tiers``. Memory tiers with no configured path live outside it, in a memory-backed
+directory (``/dev/shm``), under ``rkv-<store id>/<tier>``. The store id is kept in the index,
+so a store can be moved and still find its memory tiers.
+
+A copy (``cp -r``) carries the same id as its original. When the original still exists at the
+path the index recorded as the store's home, the copy takes a new id of its own: it must
+never share (and delete from) the original's memory tiers. Its memory-tier chunks are then
+missing; everything inside its directory is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rkv.config import TierConfig
+
+
+def memory_dir() -> Path | None:
+    """A memory-backed directory for the memory tiers, or None when the machine has none."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
+
+
+def legacy_id(root: Path) -> str:
+    """The id of a store made before ids existed: its memory tiers hang on its path."""
+    return hashlib.blake2b(str(root.resolve()).encode(), digest_size=8).hexdigest()
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def resolve_tier_path(root: Path, tier: TierConfig, store_id: str) -> Path:
+    """The directory of ``tier``'s LMDB environment for the store at ``root``."""
+    if tier.path:
+        p = Path(tier.path).expanduser()
+        return p if p.is_absolute() else root / p
+    shm = memory_dir()
+    if tier.medium == "memory" and shm is not None:
+        return shm / f"rkv-{store_id}" / tier.name
+    return root / "tiers" / tier.name
+
+
+def outside_dirs(root: Path, tiers: tuple[TierConfig, ...], store_id: str) -> list[Path]:
+    """Tier directories of the store that lie outside its directory."""
+    out = []
+    for t in tiers:
+        p = resolve_tier_path(root, t, store_id)
+        with suppress(ValueError):
+            p.resolve().relative_to(root.resolve())
+            continue
+        out.append(p)
+    return out
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a store is: its id, and whether this open found it copied from another store."""
+
+    id: str
+    home: str          # the resolved path the store was last opened at
+    copied_from: str | None = None
+    moved_from: str | None = None
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"id": self.id, "home": self.home}
+
+
+def identify(root: Path, stored: Any, exists: bool, stored_id_of: Any) -> Identity:
+    """The identity of the store at ``root``.
+
+    ``stored`` is the index's ``store`` metadata (None in a new or pre-id store);
+    ``stored_id_of(path)`` reads the store id of another store (None when there is none).
+    """
+    here = str(root.resolve())
+    if not exists:
+        return Identity(new_id(), here)
+    if not isinstance(stored, dict) or not isinstance(stored.get("id"), str):
+        return Identity(legacy_id(root), here)
+    sid, home = stored["id"], str(stored.get("home", ""))
+    if home == here:
+        return Identity(sid, here)
+    other = Path(home)
+    same_dir = False
+    with suppress(OSError):
+        same_dir = other.exists() and other.samefile(root)
+    if same_dir:
+        return Identity(sid, here)
+    if home and other.exists() and stored_id_of(other) == sid:
+        return Identity(new_id(), here, copied_from=home)
+    return Identity(sid, here, moved_from=home or None)
+
+
+def remove_outside(root: Path, tiers: tuple[TierConfig, ...], store_id: str) -> None:
+    """Delete the store's tier directories kept outside it (and their rkv-<id> parents)."""
+    for d in outside_dirs(root, tiers, store_id):
+        shutil.rmtree(d, ignore_errors=True)
+        parent = d.parent
+        if parent.name.startswith("rkv-") and parent.parent == memory_dir():
+            with suppress(OSError):
+                parent.rmdir()

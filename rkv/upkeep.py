@@ -1,0 +1,254 @@
+"""Keeping a store honest: reconcile at open, verify, repair, reclaim unreferenced records.
+
+Damage is contained here. A tier counts as *wiped* only when its environment was created by
+this open (so it is empty): only then are the index entries that pointed into it dropped. A
+tier whose id cannot be read is *damaged* and kept as it is; a tier holding another store's
+data is refused. Nothing here deletes a record it cannot account for: unreferenced records
+are counted by :func:`verify` and deleted only by an explicit repair, under the writer lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rkv.blockcodec import reencode
+from rkv.errors import (
+    ConfigError,
+    CorruptStoreError,
+    IntegrityError,
+    MissingRecordError,
+    RkvError,
+    StoreError,
+)
+from rkv.eviction import free_chunk
+from rkv.index import INDEX_FORMAT, ChunkMeta
+from rkv.keys import block_key, split_block_key
+from rkv.model import ModelSpec
+from rkv.record import decode_record
+from rkv.results import CORRECTED, MISSING, OK, UNCORRECTABLE, BlockStatus, VerifyReport
+from rkv.txn import Pending
+
+if TYPE_CHECKING:
+    from rkv.engine import Engine
+
+log = logging.getLogger("rkv")
+
+
+def _safe_meta(engine: Engine, txn: Any, name: str) -> Any:
+    try:
+        return engine._index.get_meta(txn, name)
+    except CorruptStoreError:
+        return None
+
+
+def reconcile(engine: Engine, txn: Any, pending: Pending, drop_tiers: frozenset[str]) -> None:
+    """Bind the index to the tiers it is opened with (runs at every writable open)."""
+    ix = engine._index
+    ix.upgrade(txn)
+    ix.set_meta(txn, "format", INDEX_FORMAT)
+    ix.set_meta(txn, "config", engine.config.to_dict())
+    ix.set_meta(txn, "store", engine.identity.to_meta())
+    try:
+        known = ix.get_meta(txn, "tiers")
+        if known is not None and not (isinstance(known, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in known.items())):
+            raise CorruptStoreError("index metadata 'tiers' is malformed")
+    except CorruptStoreError as exc:
+        log.warning("%s; binding the configured tiers as they are (nothing dropped)", exc)
+        known = None
+    known = known or {}
+    current = {name: tier.store_id for name, tier in engine._tiers.items()}
+    lost: set[str] = set()
+    for name, sid in known.items():
+        tier = engine._tiers.get(name)
+        if tier is None:
+            if name in drop_tiers:
+                lost.add(name)
+            elif ix.usage(txn).blocks(name) > 0:
+                raise ConfigError(
+                    f"tier {name!r} holds blocks of this store but is not in the config "
+                    f"(renamed or removed?); restore its name, or open with "
+                    f"drop_tiers=[{name!r}] to drop the chunks stored there"
+                )
+        elif tier.state == "damaged" or not tier.store_id:
+            current[name] = sid   # keep the binding: its records may still be read
+            log.warning("tier %s is damaged (%s); its blocks read as errors", name, tier.damage)
+        elif tier.store_id != sid:
+            if tier.state != "new":
+                raise StoreError(
+                    f"tier {name} ({getattr(tier, 'path', '?')}) holds another store's data "
+                    f"(id {tier.store_id}, expected {sid}); nothing was changed"
+                )
+            lost.add(name)
+    if lost:
+        dropped = 0
+        for key, meta in list(ix.chunks(txn)):
+            if meta is not None and meta.tiers() & lost:
+                free_chunk(ix, txn, key, meta, pending, None)
+                dropped += 1
+        ix.set_usage(txn, ix.recount_usage(txn))
+        prev = _safe_meta(engine, txn, "dropped") or {}
+        ix.set_meta(txn, "dropped", {
+            "chunks": int(prev.get("chunks", 0)) + dropped,
+            "tiers": sorted(set(prev.get("tiers", [])) | lost),
+            "at": time.time_ns(),
+        })
+        engine.dropped_at_open = dropped
+        log.warning("tiers %s were wiped or removed; dropped %d chunks from the index (chunks "
+                    "after them in other tiers are kept)", sorted(lost), dropped)
+    ix.set_meta(txn, "tiers", {n: sid for n, sid in current.items() if n in engine._tiers})
+
+
+def check_block(engine: Engine, key: bytes, layer: int, tier: str, meta: ChunkMeta,
+                spec: ModelSpec) -> BlockStatus:
+    if tier not in engine._tiers:
+        return BlockStatus(meta.pos, layer, tier, MISSING, 0,
+                           MissingRecordError(f"tier {tier} is not configured"))
+    try:
+        with engine._tiers[tier].reader() as r:
+            rec = r.get(block_key(key, layer))
+            if rec is None:
+                return BlockStatus(meta.pos, layer, tier, MISSING, 0,
+                                   MissingRecordError("record is missing"))
+            repairs, corrected = engine._verify_into(rec, key, layer, meta.fingerprint, spec,
+                                                     meta.n_tokens, None, meta.blocks[layer][1])
+    except IntegrityError as exc:
+        return BlockStatus(meta.pos, layer, tier, UNCORRECTABLE, 0, exc)
+    status = CORRECTED if repairs or corrected else OK
+    return BlockStatus(meta.pos, layer, tier, status, corrected, None, repairs)
+
+
+def _is_orphan(ix: Any, txn: Any, tier: str, key: bytes) -> bool:
+    """A record that no index entry can account for (an unreadable entry accounts for
+    every block key of its chunk: it may be rewritten)."""
+    try:
+        chunk, layer = split_block_key(key)
+    except (ValueError, RkvError):
+        return True
+    if not ix.has_chunk(txn, chunk):
+        return True
+    try:
+        meta = ix.get_chunk(txn, chunk)
+    except CorruptStoreError:
+        return False
+    return meta is None or layer >= len(meta.blocks) or meta.blocks[layer][0] != tier
+
+
+def verify(engine: Engine, progress: Callable[[int, int], None] | None,
+           repair: bool) -> VerifyReport:
+    """Read and check every record the index refers to (see :meth:`Engine.verify`)."""
+    ix = engine._index
+    with ix.env.read() as txn:
+        entries = list(ix.chunks(txn))
+        raw_models = ix.models(txn)
+        dropped = _safe_meta(engine, txn, "dropped") or {}
+    models = {fp: ModelSpec.from_dict(s) for fp, s in raw_models.items() if s is not None}
+    keys = {k for k, _ in entries}
+    counts: Counter[str] = Counter()
+    problems: list[tuple[str, int, str, str]] = []
+    to_repair: list[tuple[bytes, int, str]] = []
+    unreadable = unreachable = 0
+    for i, (key, meta) in enumerate(entries):
+        if meta is None:
+            unreadable += 1
+            problems.append((key.hex(), -1, "index", "index entry failed its checksum"))
+            continue
+        if meta.parent and meta.parent not in keys:
+            unreachable += 1
+        spec = models.get(meta.fingerprint)
+        for layer, (tier, _) in enumerate(meta.blocks):
+            if spec is None:
+                counts[UNCORRECTABLE] += 1
+                problems.append((key.hex(), layer, tier, "unknown or damaged model entry"))
+                continue
+            st = check_block(engine, key, layer, tier, meta, spec)
+            counts[st.status] += 1
+            if st.status == CORRECTED and repair:
+                to_repair.append((key, layer, tier))
+            if st.error is not None:
+                problems.append((key.hex(), layer, tier, f"{type(st.error).__name__}: "
+                                 f"{st.error}"))
+        if progress is not None:
+            progress(i + 1, len(entries))
+    damaged = [n for n, t in engine._tiers.items() if t.state == "damaged"]
+    orphans = 0
+    with ix.env.read() as txn:
+        for name, t in engine._tiers.items():
+            try:
+                orphans += sum(1 for k in t.iter_keys() if _is_orphan(ix, txn, name, k))
+            except RkvError as exc:
+                if name not in damaged:
+                    damaged.append(name)
+                problems.append(("", -1, name, f"cannot list records: {exc}"))
+    reclaimed, usage_fixed, repaired = 0, False, 0
+    if repair:
+        reclaimed, usage_fixed = engine._mutate(lambda txn, p: _reclaim(engine, txn, p))
+        repaired = engine._repair(to_repair) if to_repair else 0
+    return VerifyReport(
+        chunks=len(entries), blocks=sum(counts.values()), ok=counts[OK],
+        corrected=counts[CORRECTED], uncorrectable=counts[UNCORRECTABLE],
+        missing=counts[MISSING], orphans=orphans, problems=problems, repaired=repaired,
+        unreadable_chunks=unreadable, unreachable=unreachable, damaged_tiers=damaged,
+        dropped=0 if repair else int(dropped.get("chunks", 0)), reclaimed=reclaimed,
+        usage_fixed=usage_fixed,
+    )
+
+
+def _reclaim(engine: Engine, txn: Any, pending: Pending) -> tuple[int, bool]:
+    """Under the writer lock: delete true orphans, recompute usage, acknowledge drops."""
+    ix = engine._index
+    reclaimed = 0
+    for name, tier in engine._tiers.items():
+        if tier.state == "damaged":
+            continue
+        try:
+            for k in tier.iter_keys():
+                if _is_orphan(ix, txn, name, k):
+                    pending.drop(name, k)
+                    reclaimed += 1
+        except RkvError as exc:
+            log.warning("tier %s: cannot list records to reclaim (%s)", name, exc)
+    fresh = ix.recount_usage(txn)
+    fixed = fresh.tiers != ix.usage(txn).tiers
+    ix.set_usage(txn, fresh)
+    ix.set_meta(txn, "dropped", {})
+    return reclaimed, fixed
+
+
+def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
+    """Rewrite blocks that needed correction, from their stored record: verified, corrected
+    and re-encoded with their tier's ECC (quantized values are kept, never re-quantized)."""
+    ix = engine._index
+
+    def fn(txn: Any, pending: Pending) -> int:
+        usage = ix.usage(txn)
+        done = 0
+        for key, layer, tier in items:
+            try:
+                meta = ix.get_chunk(txn, key)
+                if meta is None or meta.blocks[layer][0] != tier:
+                    continue  # moved or freed meanwhile: nothing to repair here
+                bkey = block_key(key, layer)
+                record = engine._tiers[tier].get(bkey)
+                if record is None:
+                    continue
+                rec = reencode(record, decode_record(record), engine._codecs[tier])
+            except IntegrityError:
+                continue  # no longer correctable (or unreadable): reads keep reporting it
+            size = memoryview(rec).nbytes
+            old = meta.blocks[layer][1]
+            if size != old:
+                blocks = list(meta.blocks)
+                blocks[layer] = (tier, size)
+                ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
+                usage.add(tier, 0, size - old)
+            pending.write(tier, bkey, rec, size)
+            done += 1
+        ix.set_usage(txn, usage)
+        return done
+
+    return int(engine._mutate(fn))
