@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rkv.engine import Engine
-from rkv.errors import ConfigError, RkvError
+from rkv.errors import ConfigError, InputError, IntegrityError, RkvError
 
 
 def _human(n: float) -> str:
@@ -21,7 +22,7 @@ def _human(n: float) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    with Engine.open(args.path, create=False) as engine:
+    with Engine.open(args.path, create=False, readonly=True) as engine:
         st = engine.stats()
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
@@ -45,28 +46,34 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+#: VerifyReport counts printed when the engine reports them (newer engines add them).
+_VERIFY_EXTRA = ("unreachable", "unreadable_chunks", "reclaimed", "usage_fixed")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         if not args.quiet and sys.stderr.isatty() and (done == total or done % 64 == 0):
             print(f"\rverifying chunk {done}/{total}", end="", file=sys.stderr, flush=True)
 
-    with Engine.open(args.path, create=False) as engine:
+    with Engine.open(args.path, create=False, readonly=not args.repair) as engine:
         rep = engine.verify(progress=progress, repair=args.repair)
     if not args.quiet and sys.stderr.isatty():
         print(file=sys.stderr)
+    extra = {name: getattr(rep, name, 0) for name in _VERIFY_EXTRA}
     summary: dict[str, Any] = {
         "chunks": rep.chunks, "blocks": rep.blocks, "ok": rep.ok, "corrected": rep.corrected,
         "uncorrectable": rep.uncorrectable, "missing": rep.missing, "orphans": rep.orphans,
-        "repaired": rep.repaired, "clean": rep.clean,
+        "repaired": rep.repaired, **extra, "clean": rep.clean,
         "problems": [{"chunk": c, "layer": lay, "tier": t, "error": e}
                      for c, lay, t, e in rep.problems],
     }
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
+        shown = "".join(f"; {n} {name.replace('_', ' ')}" for name, n in extra.items() if n)
         print(f"{rep.chunks} chunks, {rep.blocks} blocks: {rep.ok} ok, {rep.corrected} "
               f"corrected, {rep.uncorrectable} uncorrectable, {rep.missing} missing; "
-              f"{rep.orphans} unreferenced records"
+              f"{rep.orphans} unreferenced records{shown}"
               + (f"; {rep.repaired} repaired" if args.repair else ""))
         for c, lay, t, e in rep.problems[:50]:
             print(f"  chunk {c[:16]}… layer {lay} ({t}): {e}")
@@ -74,6 +81,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"  … and {len(rep.problems) - 50} more")
         print("OK" if rep.clean else "CORRUPT")
     return 0 if rep.clean else 1
+
+
+def cmd_destroy(args: argparse.Namespace) -> int:
+    if not (Path(args.path).expanduser() / "index").is_dir():
+        raise InputError(f"{args.path} is not an rkv store (no index); nothing was destroyed")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise InputError(f"refusing to destroy {args.path} without --yes "
+                             "(stdin is not a terminal)")
+        try:
+            answer = input(f"destroy the rkv store {args.path} and its tier files? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            raise InputError(f"not confirmed; {args.path} was not destroyed")
+    Engine.destroy(args.path)
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -249,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--repair", action="store_true",
                      help="rewrite blocks that needed correction from their corrected data")
     ver.set_defaults(fn=cmd_verify)
+    des = sub.add_parser("destroy", help="delete a store and its tier files kept outside it")
+    des.add_argument("path")
+    des.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    des.set_defaults(fn=cmd_destroy)
     demo = sub.add_parser("demo", help="store and reload KV for prompts with shared prefixes")
     demo.add_argument("--path", default=None, help="store directory (default: a temporary one)")
     demo.add_argument("--prompts", type=int, default=6, help="number of prompts")
@@ -309,12 +337,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; every failure is one line on stderr and a non-zero exit.
+
+    Exit 1: corruption found (an integrity error, or ``verify`` found the store not clean);
+    2: a usage, configuration or input error, or any other rkv or OS error; 130: interrupted.
+    """
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))
+    except KeyboardInterrupt:
+        print("rkv: interrupted", file=sys.stderr)
+        return 130
     except RkvError as exc:
-        print(f"rkv: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"rkv: error: {_one_line(exc)}", file=sys.stderr)
+        return 1 if isinstance(exc, IntegrityError) else 2
+    except OSError as exc:
+        print(f"rkv: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":
