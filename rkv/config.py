@@ -46,6 +46,8 @@ class TierConfig:
     is the codec spec new blocks in this tier are protected with (``"none"``, ``"rs(255,239)"``,
     ``"bch(m=13,t=8)"``, ``"shardrs(k=16,m=2)"``; see docs/ecc.md); ``quant`` the quantizer
     (``"none"`` keeps the values as they are, ``"kivi(bits=4)"``; see docs/quantization.md).
+    ``map_bytes`` is the LMDB map, fixed for the life of the process (address space, not
+    memory: the file grows as it fills); 0 sizes it from the capacity.
     """
 
     name: str
@@ -59,7 +61,7 @@ class TierConfig:
     ecc: str = "none"
     quant: str = "none"
     sync: bool = False
-    initial_map_bytes: int = 64 * MiB
+    map_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -69,8 +71,10 @@ class TierConfig:
         if not isinstance(self.path, str):
             raise ConfigError(f"tier {self.name}: path must be a string")
         _number(self.capacity_bytes, f"tier {self.name}: capacity_bytes", minimum=1, integer=True)
-        _number(self.initial_map_bytes, f"tier {self.name}: initial_map_bytes",
-                minimum=1 * MiB, integer=True)
+        _number(self.map_bytes, f"tier {self.name}: map_bytes", integer=True)
+        if 0 < self.map_bytes < self.capacity_bytes:
+            raise ConfigError(f"tier {self.name}: map_bytes must be 0 (automatic) or at least "
+                              "capacity_bytes")
         for name in ("read_gbps", "write_gbps"):
             _number(getattr(self, name), f"tier {self.name}: {name}", minimum=1e-9)
         _number(self.latency_us, f"tier {self.name}: latency_us")
@@ -104,6 +108,8 @@ class TierConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TierConfig:
+        if isinstance(d, dict):
+            d = {k: v for k, v in d.items() if k != "initial_map_bytes"}  # pre-fixed-map stores
         d = _check_fields(cls, d, "tier")
         if "name" not in d:
             raise ConfigError("a tier needs a name")

@@ -551,8 +551,8 @@ class Engine:
 
         ``size`` is the record's length as the index knows it: a longer zero-copy view comes
         from a damaged database page and is not touched at all (its bytes may lie past the end
-        of the file); a shorter one is decoded and reported as what it is. Returns (header copies repaired, symbols or bits the
-        ECC corrected).
+        of the file); a shorter one is decoded and reported as what it is. Returns (header
+        copies repaired, symbols or bits the ECC corrected).
         """
         if size >= 0 and memoryview(rec).nbytes > size:
             raise CorruptRecordError(f"record is {memoryview(rec).nbytes} bytes, the index "

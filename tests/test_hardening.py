@@ -31,7 +31,6 @@ from rkv.demo import synthetic_kv
 from rkv.keys import block_key
 from rkv.tiers import Tier, TierReader
 
-
 #: Bytes of one 16-token chunk of SMALL (3 layers) with no ECC, as the engine accounts it.
 CHUNK = 2661
 
@@ -499,3 +498,24 @@ def test_map_never_resizes_under_readers(tmp_path: Path) -> None:
             r.join(30)
         assert not bad
         assert e.tiers["dram"].stats()["map_bytes"] == size
+
+
+def test_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A store written by the previous release (index format 1, memory tiers inside the
+    store): opened, upgraded to sealed format 2, read back exactly, pins kept."""
+    import tarfile
+
+    with tarfile.open(Path(__file__).parent / "golden" / "store_v1.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    seqs = [np.random.default_rng(s).integers(0, 30000, 40).tolist() for s in range(4)]
+    with Engine.open(tmp_path / "store", readonly=True) as e:   # read without upgrading
+        assert all(exact(e, t) for t in seqs)
+    with Engine.open(tmp_path / "store") as e:
+        assert e._index.format == 2
+        assert all(exact(e, t) for t in seqs)
+        assert e.stats()["pinned_chunks"] == 3
+        assert e.verify().clean
+        usage_matches_records(e)
+    with Engine.open(tmp_path / "store") as e:
+        assert e.delete(seqs[1], model=SMALL) == 3
+        assert all(exact(e, t) for t in seqs if t != seqs[1])

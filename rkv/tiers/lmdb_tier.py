@@ -49,7 +49,8 @@ class LmdbTier(Tier):
         #: The store's writer lock: held while the file is verified before a scan.
         self.scan_lock: Callable[[], AbstractContextManager[Any]] = nullcontext
         self._env: SharedEnv | None = acquire(
-            self.path, map_size=map_bytes_for(config.capacity_bytes), dbs=(_BLOCKS, _META),
+            self.path, map_size=config.map_bytes or map_bytes_for(config.capacity_bytes),
+            dbs=(_BLOCKS, _META),
             sync=config.sync, readonly=readonly, create=not readonly,
         )
         self._blocks = self._env.db(_BLOCKS)
