@@ -519,3 +519,19 @@ def test_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "store") as e:
         assert e.delete(seqs[1], model=SMALL) == 3
         assert all(exact(e, t) for t in seqs if t != seqs[1])
+
+
+def test_failed_open_releases_its_handles(tmp_path: Path) -> None:
+    import rkv.lmdbenv as lmdbenv
+
+    with Engine.open(tmp_path / "s", local_config(16)):
+        pass
+    before = dict(lmdbenv._open)
+    with pytest.raises(ConfigError):
+        Engine.open(tmp_path / "s", local_config(32))         # chunk_tokens is fixed
+    renamed = EngineConfig(chunk_tokens=16, tiers=(TierConfig("x", path="t/x"),))
+    with Engine.open(tmp_path / "s", local_config(16)) as e:
+        e.put(toks(16), skv(toks(16)), model=SMALL)
+    with pytest.raises(ConfigError):
+        Engine.open(tmp_path / "s", renamed)                  # tiers the config lacks
+    assert lmdbenv._open == before
