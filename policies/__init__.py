@@ -1,6 +1,31 @@
-"""Caching, prefetch and placement policies over opaque keys.
+"""Caching, prefetch and admission policies over opaque keys.
 
-Shared by the KV engine and the MoE expert-offloading adapter; never imports rkv. The engine
-currently evicts and demotes in least-recently-used order from a persistent index
-(``rkv.index``); the policy interfaces that replace it land here.
+Shared by the KV engine and the MoE expert-offloading adapter; never imports rkv. See
+``policies.base`` for the interfaces and ``docs/policies.md`` for how to write one.
 """
+
+from policies.base import (
+    AdmissionPolicy,
+    EvictionPolicy,
+    Item,
+    PolicyError,
+    PrefetchPolicy,
+    Reason,
+)
+from policies.registry import available, make_policy, parse_spec, register
+
+# Built-in policies register themselves on import.
+from policies import lru  # noqa: F401  isort: skip
+
+__all__ = [
+    "AdmissionPolicy",
+    "EvictionPolicy",
+    "Item",
+    "PolicyError",
+    "PrefetchPolicy",
+    "Reason",
+    "available",
+    "make_policy",
+    "parse_spec",
+    "register",
+]
