@@ -15,10 +15,13 @@ from policies.base import (
 from policies.registry import available, make_policy, parse_spec, register
 
 # Built-in policies register themselves on import.
-from policies import lru  # noqa: F401  isort: skip
+from policies import arc, fifo, gdsf, lfu, lru, prefix, s3fifo, sieve, slru  # noqa: F401  isort: skip
+from policies.admission import AdmitAfter, AdmitAll
 
 __all__ = [
     "AdmissionPolicy",
+    "AdmitAfter",
+    "AdmitAll",
     "EvictionPolicy",
     "Item",
     "PolicyError",
