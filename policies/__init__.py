@@ -16,7 +16,7 @@ from policies.registry import available, make_policy, parse_spec, register
 
 # Built-in policies register themselves on import.
 from policies import arc, fifo, gdsf, lfu, lru, prefix, s3fifo, sieve, slru  # noqa: F401  isort: skip
-from policies.admission import AdmitAfter, AdmitAll
+from policies.admission import AdmitAfter, AdmitAll, make_admission, split_spec
 
 __all__ = [
     "AdmissionPolicy",
@@ -28,7 +28,9 @@ __all__ = [
     "PrefetchPolicy",
     "Reason",
     "available",
+    "make_admission",
     "make_policy",
     "parse_spec",
     "register",
+    "split_spec",
 ]

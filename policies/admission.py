@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from policies.base import AdmissionPolicy, Item, PolicyError
+from policies.registry import parse_spec
 
 
 class AdmitAll(AdmissionPolicy):
@@ -49,3 +50,24 @@ class AdmitAfter(AdmissionPolicy):
 
     def seen(self, key: Hashable) -> int:
         return self._seen.get(key, 0)
+
+
+_ADMISSION: dict[str, type[AdmissionPolicy]] = {"all": AdmitAll, "after": AdmitAfter}
+
+
+def make_admission(spec: str) -> AdmissionPolicy:
+    """An admission policy from its spec: ``"all"`` or ``"after(n=2)"``."""
+    name, params = parse_spec(spec)
+    cls = _ADMISSION.get(name)
+    if cls is None:
+        raise PolicyError(f"unknown admission policy {name!r} (known: {', '.join(_ADMISSION)})")
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise PolicyError(f"bad parameters for admission {name!r}: {exc}") from exc
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """``"prefix+after(n=2)"`` -> ("prefix", "after(n=2)"); no ``+`` means admit all."""
+    evict, _, admit = spec.partition("+")
+    return evict.strip(), (admit.strip() or "all")

@@ -259,6 +259,51 @@ def quiet_tty(args: argparse.Namespace) -> bool:
     return bool(args.json or args.quiet or not sys.stderr.isatty())
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from policies import PolicyError, available
+    from rkv.replay import (
+        DEFAULT_CAPACITIES,
+        DEFAULT_RECOMPUTE_TPS,
+        SMOLLM2_BLOCK_BYTES,
+        CostModel,
+        format_table,
+        parse_capacity,
+        plot,
+        prepare,
+        run_replay,
+        stderr_progress,
+        to_json,
+    )
+    from rkv.traces import read_trace
+
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit must be at least 1, got {args.limit}")
+    cost = CostModel(
+        block_bytes=SMOLLM2_BLOCK_BYTES if args.block_bytes is None else args.block_bytes,
+        bandwidth=args.bandwidth * 1e9, latency=args.latency * 1e-6,
+        recompute_tps=DEFAULT_RECOMPUTE_TPS if args.recompute_tps is None else args.recompute_tps)
+    capacities = [parse_capacity(c) for c in (args.capacity or DEFAULT_CAPACITIES)]
+    specs = args.policy or available()
+    trace = prepare(read_trace(args.trace, args.format, args.limit), cost)
+    progress = None if args.quiet or not sys.stderr.isatty() else stderr_progress
+    try:
+        results = run_replay(trace, specs, capacities, cost, progress=progress)
+    except PolicyError as exc:
+        raise ConfigError(f"policy misbehaved: {exc}") from exc
+    print(f"{args.trace}: {trace.requests} requests, {len(trace.refs)} block references, "
+          f"{trace.unique} unique blocks of {_human(cost.block_bytes)}; TTFT modeled as "
+          f"{args.bandwidth:g} GB/s + {args.latency:g} us per hit block, "
+          f"{cost.recompute_tps:g} tokens/s recompute\n")
+    print(format_table(results, markdown=args.markdown))
+    if args.json:
+        doc = to_json(results, trace, cost, {"trace": str(args.trace), "format": args.format,
+                                             "limit": args.limit})
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if args.plot:
+        plot(results, args.plot, title=f"{Path(args.trace).name}: prefix-token hit ratio")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rkv", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -333,6 +378,35 @@ def build_parser() -> argparse.ArgumentParser:
     qual.add_argument("--json", action="store_true")
     qual.add_argument("--quiet", action="store_true")
     qual.set_defaults(fn=cmd_quality)
+    rep = sub.add_parser("replay", help="replay a request trace through eviction policies "
+                                        "(hit ratios, modeled TTFT, Belady and infinite cache)")
+    rep.add_argument("trace", help="trace file (JSON Lines)")
+    rep.add_argument("--format", choices=["mooncake", "accesslog"], default="mooncake")
+    rep.add_argument("--policy", action="append", default=[], metavar="SPEC",
+                     help="policy spec, e.g. lru or s3fifo(small=0.1), optionally with an "
+                          "admission policy: prefix+after(n=2) (repeatable; default: every "
+                          "registered policy)")
+    rep.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    rep.add_argument("--capacity", action="append", default=[], metavar="C",
+                     help="cache size: a fraction of the trace's unique blocks (0.05, 5%%) or "
+                          "bytes (2GiB) (repeatable; default: 0.01 0.02 0.05 0.1 0.2)")
+    rep.add_argument("--block-bytes", dest="block_bytes", type=int, default=None, metavar="N",
+                     help="bytes of one block (default: 11796480, 512 tokens of SmolLM2-135M "
+                          "fp16 KV)")
+    rep.add_argument("--limit", type=int, default=None, metavar="N",
+                     help="replay only the first N requests")
+    rep.add_argument("--recompute-tps", dest="recompute_tps", type=float, default=None,
+                     metavar="X", help="prefill tokens per second on a miss (default: 530, "
+                                       "SmolLM2-135M on 2 CPU threads)")
+    rep.add_argument("--bandwidth", type=float, default=20.0, metavar="GBPS",
+                     help="GB/s when loading hit blocks (default: 20, DRAM-like)")
+    rep.add_argument("--latency", type=float, default=0.1, metavar="US",
+                     help="microseconds per loaded block (default: 0.1)")
+    rep.add_argument("--json", metavar="PATH", help="write every result as JSON here")
+    rep.add_argument("--plot", metavar="PNG",
+                     help="plot prefix-token hit ratio against capacity (needs matplotlib)")
+    rep.add_argument("--quiet", action="store_true", help="no progress output")
+    rep.set_defaults(fn=cmd_replay)
     return p
 
 
