@@ -153,6 +153,32 @@ class EvictionPolicy(ABC):
         return None
 
 
+class PlannedEviction(EvictionPolicy):
+    """Base for policies whose eviction procedure moves things as it goes (a hand, second
+    chances): :meth:`victims` runs :meth:`_plan` on a virtual copy of that state, first without
+    soft-pinned keys, then, if that cannot free enough, continuing from there with them.
+    Subclasses count the items that carry a deadline in ``_pinnable``."""
+
+    _pinnable: int = 0
+
+    def victims(self, need: int, protected: Container[Hashable] = ()) -> list[Hashable] | None:
+        if need <= 0:
+            return []
+        if self._pinnable:
+            out, done = self._plan(need, protected, False, ())
+            if not done:  # not enough without soft-pinned keys: continue from there with them
+                out, done = self._plan(need, protected, True, out)
+        else:
+            out, done = self._plan(need, protected, True, ())
+        return out if done else None
+
+    @abstractmethod
+    def _plan(self, need: int, protected: Container[Hashable], pins_ok: bool,
+              forced: Sequence[Hashable]) -> tuple[list[Hashable], bool]:
+        """The keys the procedure would evict, in order, until ``need`` bytes are freed
+        (True) or nothing more can go (False); the first ``len(forced)`` are ``forced``."""
+
+
 class AdmissionPolicy(ABC):
     """Decides whether a new object enters a tier at all (e.g. only after a second sighting).
     Told about every access, hit or miss."""

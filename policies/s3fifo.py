@@ -41,7 +41,7 @@ import enum
 from collections import OrderedDict, deque
 from collections.abc import Callable, Container, Hashable, Iterator, Sequence
 
-from policies.base import EvictionPolicy, Item, PolicyError, Reason
+from policies.base import Item, PlannedEviction, PolicyError, Reason
 from policies.fifo import NEVER, soft_pinned
 from policies.registry import register
 
@@ -57,7 +57,7 @@ _MAX_FREQ = 3
 
 
 @register("s3fifo")
-class S3FIFO(EvictionPolicy):
+class S3FIFO(PlannedEviction):
     """S3-FIFO. ``small``: share of the capacity bytes for the small FIFO; ``threshold``: the
     frequency at which an item leaving the small FIFO is promoted to the main one."""
 
@@ -200,17 +200,6 @@ class S3FIFO(EvictionPolicy):
         return found
 
     # -- asked: the same procedure on a virtual state --------------------------------------------
-    def victims(self, need: int, protected: Container[Hashable] = ()) -> list[Hashable] | None:
-        if need <= 0:
-            return []
-        if self._pinnable:
-            out, done = self._plan(need, protected, False, ())
-            if not done:  # not enough without soft-pinned keys: continue from there with them
-                out, done = self._plan(need, protected, True, out)
-        else:
-            out, done = self._plan(need, protected, True, ())
-        return out if done else None
-
     def _plan(self, need: int, protected: Container[Hashable], pins_ok: bool,
               forced: Sequence[Hashable]) -> tuple[list[Hashable], bool]:
         """The keys the procedure would evict, in order, until ``need`` bytes are freed (True)

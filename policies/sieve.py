@@ -34,13 +34,13 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable, Sequence
 from itertools import chain
 
-from policies.base import EvictionPolicy, Item, Reason
+from policies.base import Item, PlannedEviction, Reason
 from policies.fifo import NEVER, soft_pinned
 from policies.registry import register
 
 
 @register("sieve")
-class SIEVE(EvictionPolicy):
+class SIEVE(PlannedEviction):
     """SIEVE eviction. O(1) amortized per event."""
 
     def __init__(self, capacity: int) -> None:
@@ -105,17 +105,6 @@ class SIEVE(EvictionPolicy):
             visited.clear()
 
     # -- asked ---------------------------------------------------------------------------------
-    def victims(self, need: int, protected: Container[Hashable] = ()) -> list[Hashable] | None:
-        if need <= 0:
-            return []
-        if self._pinnable:
-            out, done = self._plan(need, protected, False, ())
-            if not done:  # not enough without soft-pinned keys: continue from there with them
-                out, done = self._plan(need, protected, True, out)
-        else:
-            out, done = self._plan(need, protected, True, ())
-        return out if done else None
-
     def _plan(self, need: int, protected: Container[Hashable], pins_ok: bool,
               forced: Sequence[Hashable]) -> tuple[list[Hashable], bool]:
         """Run the hand on a virtual copy of the bits (``cleared``) and of the queue

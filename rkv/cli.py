@@ -11,14 +11,7 @@ from typing import Any
 
 from rkv.engine import Engine
 from rkv.errors import ConfigError, InputError, IntegrityError, RkvError
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)  # pragma: no cover
+from rkv.results import human_bytes
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -35,8 +28,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  {'name':<6} {'medium':<7} {'blocks':>8} {'used':>11} {'capacity':>11} "
           f"{'ecc':<18} {'fault model':<12} path")
     for name, t in st["tiers"].items():
-        print(f"  {name:<6} {t['medium']:<7} {t['blocks']:>8} {_human(t['bytes']):>11} "
-              f"{_human(t['capacity_bytes']):>11} {t['ecc']:<18} {t['fault_model']:<12} "
+        print(f"  {name:<6} {t['medium']:<7} {t['blocks']:>8} {human_bytes(t['bytes']):>11} "
+              f"{human_bytes(t['capacity_bytes']):>11} {t['ecc']:<18} {t['fault_model']:<12} "
               f"{t['path']}")
     print("models:")
     for m in st["models"]:
@@ -291,7 +284,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         raise ConfigError(f"policy misbehaved: {exc}") from exc
     print(f"{args.trace}: {trace.requests} requests, {len(trace.refs)} block references, "
-          f"{trace.unique} unique blocks of {_human(cost.block_bytes)}; TTFT modeled as "
+          f"{trace.unique} unique blocks of {human_bytes(cost.block_bytes)}; TTFT modeled as "
           f"{args.bandwidth:g} GB/s + {args.latency:g} us per hit block, "
           f"{cost.recompute_tps:g} tokens/s recompute\n")
     print(format_table(results, markdown=args.markdown))

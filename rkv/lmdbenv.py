@@ -183,18 +183,22 @@ class SharedEnv:
                 self._resizing = False
                 self._cv.notify_all()
 
+    def _begin(self, *, write: bool) -> Any:
+        """A new transaction, or None when another process grew the map (adopt it first)."""
+        try:
+            return self.env.begin(write=write, buffers=not write)
+        except lmdb.MapResizedError:
+            return None
+        except lmdb.Error as exc:
+            raise translate(exc, f"{'writing' if write else 'reading'} {self.path}") from exc
+
     @contextmanager
     def read(self) -> Iterator[Any]:
         """A read snapshot; zero-copy buffers from it are valid only inside the block."""
         self.check()
         for _ in range(4):
             with self._slot():
-                try:
-                    txn = self.env.begin(buffers=True)
-                except lmdb.MapResizedError:
-                    txn = None
-                except lmdb.Error as exc:
-                    raise translate(exc, f"reading {self.path}") from exc
+                txn = self._begin(write=False)
                 if txn is not None:
                     try:
                         yield txn
@@ -213,12 +217,7 @@ class SharedEnv:
             raise ReadOnlyStoreError(f"{self.path} is open read-only")
         for _ in range(4):
             with self._slot():
-                try:
-                    txn = self.env.begin(write=True)
-                except lmdb.MapResizedError:
-                    txn = None
-                except lmdb.Error as exc:
-                    raise translate(exc, f"writing {self.path}") from exc
+                txn = self._begin(write=True)
                 if txn is not None:
                     try:
                         result = fn(txn)

@@ -32,6 +32,7 @@ from typing import Any
 from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Reason
 from policies.belady import Belady, InfiniteCache, next_use_positions
 from rkv.errors import ConfigError, InputError
+from rkv.results import human_bytes
 from rkv.traces import Request
 
 #: Bytes of one 512-token block of SmolLM2-135M's fp16 KV: 30 layers x (K, V) x 3 heads x 64.
@@ -356,15 +357,7 @@ def _column(r: Result) -> str:
         fraction = parse_capacity(r.capacity).fraction
     except ConfigError:
         fraction = None
-    return f"{100 * fraction:g}%" if fraction is not None else _human(r.capacity_bytes)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)  # pragma: no cover
+    return f"{100 * fraction:g}%" if fraction is not None else human_bytes(r.capacity_bytes)
 
 
 def format_table(results: Sequence[Result], *, markdown: bool = False) -> str:

@@ -96,3 +96,12 @@ class VerifyReport:
     def clean(self) -> bool:
         return (self.uncorrectable == 0 and self.missing == 0 and self.unreadable_chunks == 0
                 and not self.damaged_tiers and self.dropped == 0)
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
