@@ -130,12 +130,14 @@ class Engine:
         self._mutator = Mutator(index.env, tiers, self.hooks)
         self._evictor = Evictor(index, tiers, config, self._codecs)
         self.dropped_at_open = 0
+        self._log: Any = None
 
     # -- opening and closing ------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: EngineConfig | None = None, *,
              create: bool = True, readonly: bool = False,
-             drop_tiers: Iterable[str] = ()) -> Engine:
+             drop_tiers: Iterable[str] = (),
+             access_log: str | os.PathLike[str] | None = None) -> Engine:
         """Open (or create) the store at ``path``.
 
         Without ``config`` an existing store keeps its stored configuration and a new one gets
@@ -144,6 +146,8 @@ class Engine:
         ``readonly`` opens an existing store for inspection: nothing is written (not even
         access times), and a mutation raises :class:`ReadOnlyStoreError`. A tier that the
         index knows but the config lacks is an error unless named in ``drop_tiers``.
+        ``access_log`` appends one JSON line per get and put to that file (the ``accesslog``
+        format of ``rkv replay``), so a real workload can be replayed through the policies.
         """
         if config is not None and not isinstance(config, EngineConfig):
             raise ConfigError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -179,6 +183,11 @@ class Engine:
                     tier.scan_lock = index.env.exclusive
                     tier.check()
             engine = cls(root, config, index, tiers, identity, readonly)
+            if access_log is not None:
+                from rkv.accesslog import AccessLog
+
+                engine._log = AccessLog(access_log, config.chunk_tokens)
+                cleanup.callback(engine._log.close)
             if not readonly:
                 from rkv.upkeep import reconcile
 
@@ -235,6 +244,8 @@ class Engine:
                 for tier in self._tiers.values():
                     tier.close()
                 self._index.close()
+                if self._log is not None:
+                    self._log.close()
         self._closed = True
 
     def __enter__(self) -> Engine:
@@ -313,6 +324,8 @@ class Engine:
         """
         spec, fp, toks, keys = self._prepare(tokens, model)
         arr = as_kv_array(kv, spec, len(toks))
+        if self._log is not None:
+            self._log.record("put", fp, keys, len(toks))
         if not keys:
             return PutResult(0, 0, 0, 0, 0, 0)
         if self.readonly:
@@ -440,6 +453,8 @@ class Engine:
         positions past ``n_tokens`` are unspecified.
         """
         spec, fp, toks, keys = self._prepare(tokens, model)
+        if self._log is not None:
+            self._log.record("get", fp, keys, len(toks))
         with self._index.env.read() as txn:
             metas, damaged = self._stored(txn, keys)
         stored = sum(m.n_tokens for m in metas)

@@ -468,3 +468,33 @@ def test_admission_specs() -> None:
     trace = prepare([Request(0.0, 512, (1,))], CostModel(block_bytes=1))
     with pytest.raises(ConfigError):
         run_replay(trace, ["lru+never"], [parse_capacity("0.5")])
+
+
+def test_engine_access_log_replays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The engine writes the accesslog format; replaying it sees the engine's own chunks."""
+    import numpy as np
+    from rkvtest import SMALL, local_config
+
+    from rkv import Engine
+    from rkv.demo import synthetic_kv
+    from rkv.keys import as_token_array, chunk_keys
+
+    log = tmp_path / "access.jsonl"
+    base = np.arange(48)
+    seqs = [np.concatenate([base, np.arange(100 * i, 100 * i + 20)]) for i in range(3)]
+    with Engine.open(tmp_path / "s", local_config(16), access_log=log) as e:
+        for s in seqs:
+            e.put(s, synthetic_kv(SMALL, s), model=SMALL)
+        for s in seqs:
+            assert e.get(s, model=SMALL).n_tokens == len(s)
+    reqs = list(read_trace(log, "accesslog"))
+    assert [r.op for r in reqs] == ["put"] * 3 + ["get"] * 3
+    want = chunk_keys(as_token_array(seqs[0]), SMALL.fingerprint(), 16, partial=True)
+    assert reqs[0].blocks == tuple(k.hex() for k in want)
+    assert reqs[0].block_tokens == 16 and reqs[0].tokens == 68
+    cost = CostModel(block_bytes=1)
+    r = simulate(prepare(reqs, cost), InfiniteCache(100), 100, cost)
+    assert r.requests == 3 and r.prefix_hit_tokens == r.tokens == 3 * 68   # gets all hit
+    assert main(["replay", str(log), "--format", "accesslog", "--policy", "lru",
+                 "--capacity", "0.5", "--quiet"]) == 0
+    assert "lru" in capsys.readouterr().out
