@@ -280,7 +280,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     trace = prepare(read_trace(args.trace, args.format, args.limit), cost)
     progress = None if args.quiet or not sys.stderr.isatty() else stderr_progress
     try:
-        results = run_replay(trace, specs, capacities, cost, progress=progress)
+        results = run_replay(trace, specs, capacities, cost, progress=progress,
+                             lookaheads=args.lookahead or [0])
     except PolicyError as exc:
         raise ConfigError(f"policy misbehaved: {exc}") from exc
     print(f"{args.trace}: {trace.requests} requests, {len(trace.refs)} block references, "
@@ -380,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "admission policy: prefix+after(n=2) (repeatable; default: every "
                           "registered policy)")
     rep.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    rep.add_argument("--lookahead", type=int, action="append", default=[], metavar="N",
+                     help="also replay with a scheduler that knows the next N queued "
+                          "requests (their cached blocks are not evicted); repeatable; "
+                          "0 = no look-ahead (default: 0)")
     rep.add_argument("--capacity", action="append", default=[], metavar="C",
                      help="cache size: a fraction of the trace's unique blocks (0.05, 5%%) or "
                           "bytes (2GiB) (repeatable; default: 0.01 0.02 0.05 0.1 0.2)")

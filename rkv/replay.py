@@ -209,15 +209,37 @@ class Result:
                 "prefix_token_hit_ratio": self.prefix_token_hit_ratio}
 
 
+class _Either:
+    """``key in`` either of two containers (this request's blocks, or the queued ones)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: set[Hashable], b: dict[Hashable, int]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.a or key in self.b
+
+    def add(self, key: Hashable) -> None:
+        self.a.add(key)
+
+
 def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostModel = CostModel(),
              *, label: str | None = None, capacity_text: str = "",
-             admission: AdmissionPolicy | None = None) -> Result:
+             admission: AdmissionPolicy | None = None, lookahead: int = 0) -> Result:
     """Replay ``trace`` through ``policy`` (fresh, empty) managing ``capacity`` bytes.
 
     ``admission``, when given, is told every access and asked before a miss would evict
-    anything: a block it refuses is not cached."""
+    anything: a block it refuses is not cached. ``lookahead`` models a scheduler that knows
+    the next N queued requests: their cached blocks are protected from eviction (what a
+    serving engine's queue tells the cache; with one tier there is nothing to fetch early,
+    so knowing the queue means not evicting what it is about to read)."""
     refs, items, starts, counted = trace.refs, trace.items, trace.starts, trace.counted
     nreq = trace.requests
+    queued: dict[Hashable, int] = {}       # blocks of the next ``lookahead`` requests
+    for q in range(1, min(lookahead + 1, nreq)):
+        for key in refs[starts[q]:starts[q + 1]]:
+            queued[key] = queued.get(key, 0) + 1
     cached: set[Hashable] = set()
     access, insert = policy.on_access, policy.on_insert
     remove, victims = policy.on_remove, policy.victims
@@ -227,7 +249,19 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
     t0 = time.perf_counter()
     for r in range(nreq):
         s, e = starts[r], starts[r + 1]
-        protected: set[Hashable] = set()
+        if lookahead and r:                     # the queue holds requests r+1 .. r+lookahead
+            for key in refs[s:e]:               # request r leaves the queue ...
+                n = queued.get(key, 0) - 1
+                if n > 0:
+                    queued[key] = n
+                else:
+                    queued.pop(key, None)
+            if r + lookahead < nreq:            # ... and request r + lookahead joins it
+                for key in refs[starts[r + lookahead]:starts[r + lookahead + 1]]:
+                    queued[key] = queued.get(key, 0) + 1
+        protected: set[Hashable] | _Either = set()
+        if lookahead:
+            protected = _Either(set(), queued)
         first_miss = -1
         rhits = 0
         for i in range(s, e):
@@ -303,9 +337,13 @@ def _result(trace: Trace, cost: CostModel, label: str, capacity: int, capacity_t
 
 def run_replay(trace: Trace, policies: Sequence[str], capacities: Sequence[Capacity],
                cost: CostModel = CostModel(), *, references: bool = True,
-               progress: Callable[[str], None] | None = None) -> list[Result]:
-    """Every policy spec at every capacity, then (with ``references``) Belady and the infinite
-    cache. A bad spec raises :class:`ConfigError` before anything runs."""
+               progress: Callable[[str], None] | None = None,
+               lookaheads: Sequence[int] = (0,)) -> list[Result]:
+    """Every policy spec at every capacity (and every scheduler look-ahead, labelled
+    ``spec +queue N`` when N > 0), then (with ``references``) Belady and the infinite cache.
+    A bad spec raises :class:`ConfigError` before anything runs."""
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lookaheads):
+        raise ConfigError(f"look-ahead must be whole numbers >= 0, got {list(lookaheads)}")
     from policies import make_admission, make_policy, split_spec
 
     caps = [(c, c.resolve(trace, cost)) for c in capacities]
@@ -318,13 +356,16 @@ def run_replay(trace: Trace, policies: Sequence[str], capacities: Sequence[Capac
             raise ConfigError(str(exc)) from exc
     out: list[Result] = []
     for spec in policies:
-        for c, nbytes in caps:
-            if progress:
-                progress(f"{spec} at {c.text}")
-            evict, admit = split_spec(spec)
-            adm = None if admit == "all" else make_admission(admit)
-            out.append(simulate(trace, make_policy(evict, nbytes), nbytes, cost, label=spec,
-                                capacity_text=c.text, admission=adm))
+        evict, admit = split_spec(spec)
+        for ahead in lookaheads:
+            label = f"{spec} +queue {ahead}" if ahead else spec
+            for c, nbytes in caps:
+                if progress:
+                    progress(f"{label} at {c.text}")
+                adm = None if admit == "all" else make_admission(admit)
+                out.append(simulate(trace, make_policy(evict, nbytes), nbytes, cost,
+                                    label=label, capacity_text=c.text, admission=adm,
+                                    lookahead=ahead))
     if references:
         for c, nbytes in caps:
             if progress:

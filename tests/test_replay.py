@@ -498,3 +498,20 @@ def test_engine_access_log_replays(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["replay", str(log), "--format", "accesslog", "--policy", "lru",
                  "--capacity", "0.5", "--quiet"]) == 0
     assert "lru" in capsys.readouterr().out
+
+
+def test_lookahead_protects_queued_blocks() -> None:
+    """Capacity 1: [a] [b] [a]. Knowing the queue, b does not push out the a that comes next."""
+    cost = CostModel(block_bytes=1, bandwidth=1e30, latency=0, recompute_tps=512)
+    trace = prepare([Request(float(i), 512, (k,)) for i, k in enumerate("aba")], cost)
+    blind = simulate(trace, make_policy("lru", 1), 1, cost)
+    queue = simulate(trace, make_policy("lru", 1), 1, cost, lookahead=1)
+    assert (blind.hits, queue.hits) == (0, 1)
+    longer = prepare([Request(float(i), 512, (k,)) for i, k in enumerate("abcab")], cost)
+    # blind LRU: c evicts a, a evicts b -> 0 hits; a queue of 1 keeps a (c evicts b) -> 1;
+    # a queue of 3 keeps a and b, and c is not cached at all -> 2
+    hits = [simulate(longer, make_policy("lru", 2), 2, cost, lookahead=n).hits
+            for n in (0, 1, 3)]
+    assert hits == [0, 1, 2]
+    with pytest.raises(ConfigError):
+        run_replay(trace, ["lru"], [parse_capacity("0.5")], cost, lookaheads=[-1])
