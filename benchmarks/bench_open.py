@@ -1,4 +1,5 @@
-"""What opening a store costs now that every open verifies the LMDB structure.
+"""What opening a store costs, and what the LMDB structure check (run before a tier's first
+write or scan, and on the index at every open) would add.
 
     .venv/bin/python benchmarks/bench_open.py [--gib 1] [--repeat 5] [--json PATH]
 

@@ -178,10 +178,9 @@ class Engine:
                                            readonly)
                 cleanup.callback(tiers[t.name].close)
             index.check()                  # a damaged index: a typed error, nothing touched
-            for tier in tiers.values():
+            for tier in tiers.values():    # tiers are checked before their first write or scan
                 if isinstance(tier, LmdbTier):
                     tier.scan_lock = index.env.exclusive
-                    tier.check()
             engine = cls(root, config, index, tiers, identity, readonly)
             if access_log is not None:
                 from rkv.accesslog import AccessLog

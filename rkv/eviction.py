@@ -67,7 +67,10 @@ class Evictor:
         self.order = [t.name for t in config.tiers]
 
     def usable(self, name: str) -> bool:
-        return self.tiers[name].state != "damaged"
+        tier = self.tiers[name]
+        if tier.state != "damaged":
+            tier.ensure_checked()      # once per process, under the writer lock
+        return tier.state != "damaged"
 
     def place(self, txn: Any, usage: Usage, size: Callable[[str], int], protect: set[bytes],
               pending: Pending, stats: Counter[str]) -> str:

@@ -221,7 +221,11 @@ class SharedEnv:
                 if txn is not None:
                     try:
                         result = fn(txn)
+                        tid = txn.id()
+                        trusted = self._pages_ok_at == tid - 1
                         txn.commit()
+                        if trusted:   # our own commit keeps a verified file verified
+                            self._pages_ok_at = tid
                         return result
                     except (lmdb.Error, OSError) as exc:
                         txn.abort()

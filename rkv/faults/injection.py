@@ -115,6 +115,9 @@ class FaultyTier(Tier):
     def records(self) -> int:
         return self.inner.records()
 
+    def ensure_checked(self) -> None:
+        self.inner.ensure_checked()
+
     @contextmanager
     def _reader(self) -> Iterator[_FaultyReader]:
         with self.inner.reader() as r:

@@ -70,6 +70,9 @@ class Tier(ABC):
     def iter_keys(self) -> Iterator[bytes]:
         """All keys (a snapshot)."""
 
+    def ensure_checked(self) -> None:  # noqa: B027 - optional for tiers that need no check
+        """Verify the storage's structure before the first write, if the tier needs it."""
+
     def records(self) -> int:
         """How many records the tier holds."""
         return sum(1 for _ in self.iter_keys())

@@ -46,6 +46,7 @@ class LmdbTier(Tier):
         self.config = config
         self.path = Path(path)
         self.damage: str | None = None
+        self._checked = False
         #: The store's writer lock: held while the file is verified before a scan.
         self.scan_lock: Callable[[], AbstractContextManager[Any]] = nullcontext
         self._env: SharedEnv | None = acquire(
@@ -101,6 +102,14 @@ class LmdbTier(Tier):
         except CorruptStoreError as exc:
             self.mark_damaged(str(exc))
 
+    def ensure_checked(self) -> None:
+        """Check the structure once before this process first writes (a write walks the free
+        list with a cursor, which aborts on a damaged page like a scan does). Point reads
+        never need it, so opening stays cheap."""
+        if not self._checked:
+            self.check()
+            self._checked = True
+
     def mark_damaged(self, why: str) -> None:
         self.state = "damaged"
         self.damage = why
@@ -127,6 +136,7 @@ class LmdbTier(Tier):
             yield _Reader(txn, self._blocks, where)
 
     def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
+        self.ensure_checked()
         self._refuse_if_damaged()
         db = self._blocks
 
@@ -137,6 +147,7 @@ class LmdbTier(Tier):
         self.env.write(fn)
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
+        self.ensure_checked()
         self._refuse_if_damaged()
         keys = list(keys)
         db = self._blocks
@@ -165,6 +176,7 @@ class LmdbTier(Tier):
                 return int(txn.stat(self._blocks)["entries"])
 
     def clear(self) -> None:
+        self.ensure_checked()
         self._refuse_if_damaged()
         db = self._blocks
         self.env.write(lambda txn: txn.drop(db, delete=False))
