@@ -83,9 +83,7 @@ def _open_tier(t: TierConfig, path: Path, readonly: bool) -> Tier:
     except StoreError as exc:
         if not readonly or isinstance(exc, ReadOnlyStoreError):
             raise
-        tier = UnavailableTier(t, path, "missing")
-        tier.state = "missing"
-        return tier
+        return UnavailableTier(t, path, "missing (wiped?)", missing=True)
 
 
 def _store_id_at(path: Path) -> str | None:

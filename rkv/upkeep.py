@@ -116,6 +116,8 @@ def check_block(engine: Engine, key: bytes, layer: int, tier: str, meta: ChunkMe
                                    MissingRecordError("record is missing"))
             repairs, corrected = engine._verify_into(rec, key, layer, meta.fingerprint, spec,
                                                      meta.n_tokens, None, meta.blocks[layer][1])
+    except MissingRecordError as exc:
+        return BlockStatus(meta.pos, layer, tier, MISSING, 0, exc)
     except IntegrityError as exc:
         return BlockStatus(meta.pos, layer, tier, UNCORRECTABLE, 0, exc)
     status = CORRECTED if repairs or corrected else OK
@@ -181,7 +183,7 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
             try:
                 orphans += sum(1 for k in t.iter_keys() if _is_orphan(ix, txn, name, k))
             except RkvError as exc:
-                if name not in damaged:
+                if t.state != "missing" and name not in damaged:
                     damaged.append(name)
                 problems.append(("", -1, name, f"cannot list records: {exc}"))
     reclaimed, usage_fixed, repaired = 0, False, 0

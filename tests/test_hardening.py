@@ -535,3 +535,29 @@ def test_failed_open_releases_its_handles(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         Engine.open(tmp_path / "s", renamed)                  # tiers the config lacks
     assert lmdbenv._open == before
+
+
+def test_cli_verify_reports_dropped_chunks_until_repaired(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    import shutil
+
+    from rkv.cli import main
+
+    cfg = local_config(16, caps=(CHUNK * 2, 1 << 30, 1 << 30))
+    with Engine.open(tmp_path / "s", cfg) as e:
+        for s in range(3):
+            t = toks(32, seed=s)
+            e.put(t, skv(t), model=SMALL)
+    shutil.rmtree(tmp_path / "s" / "t" / "dram")
+    assert main(["verify", str(tmp_path / "s")]) == 1       # read-only: reported missing
+    assert "6 missing" in capsys.readouterr().out
+    with Engine.open(tmp_path / "s", readonly=True) as e:
+        got = e.get(toks(32, seed=2), model=SMALL)
+        assert got.n_tokens == 0 and got.counts["missing"] == 3
+    with Engine.open(tmp_path / "s"):                        # the first writable open drops
+        pass
+    assert main(["verify", str(tmp_path / "s")]) == 1       # ... and says so until repaired
+    assert main(["verify", "--repair", str(tmp_path / "s")]) == 0
+    assert main(["verify", str(tmp_path / "s")]) == 0
+    capsys.readouterr()

@@ -13,25 +13,28 @@ from pathlib import Path
 from typing import Any
 
 from rkv.config import TierConfig
-from rkv.errors import CorruptStoreError
+from rkv.errors import CorruptStoreError, IntegrityError, MissingRecordError
 from rkv.tiers.base import Tier
 
 
 class _NoReader:
-    def __init__(self, error: str) -> None:
+    def __init__(self, error: IntegrityError) -> None:
         self._error = error
 
     def get(self, key: bytes) -> memoryview | None:
-        raise CorruptStoreError(self._error)
+        raise self._error
 
 
 class UnavailableTier(Tier):
-    """A tier that failed to open; every access raises :class:`CorruptStoreError`."""
+    """A tier that failed to open: every access raises :class:`CorruptStoreError`, or
+    :class:`MissingRecordError` when the tier is simply not there (``missing``: a read-only
+    open of a store whose memory tier was wiped)."""
 
-    def __init__(self, config: TierConfig, path: Path, reason: str) -> None:
+    def __init__(self, config: TierConfig, path: Path, reason: str, *,
+                 missing: bool = False) -> None:
         self.config = config
         self.path = Path(path)
-        self.state = "damaged"
+        self.state = "missing" if missing else "damaged"
         self.damage = f"tier {config.name} ({path}) cannot be opened: {reason}"
 
     @property
@@ -40,9 +43,11 @@ class UnavailableTier(Tier):
 
     @contextmanager
     def reader(self) -> Iterator[_NoReader]:
-        yield _NoReader(self.damage or "")
+        yield _NoReader(self._fail())
 
-    def _fail(self) -> CorruptStoreError:
+    def _fail(self) -> IntegrityError:
+        if self.state == "missing":
+            return MissingRecordError(self.damage or "")
         return CorruptStoreError(self.damage or "")
 
     def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
