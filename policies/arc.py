@@ -33,8 +33,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterator
 
-from policies.base import EvictionPolicy, Item, Reason
-from policies.fifo import NEVER, soft_pinned
+from policies.base import EvictionPolicy, Item, Reason, soft_pinned
 from policies.registry import register
 
 
@@ -64,8 +63,6 @@ class ARC(EvictionPolicy):
         self.p: float = 0.0
         self._pending: Hashable = _NONE     # key of the last miss that hit a ghost list
         self._pending_from = 0              # _B1 or _B2
-        self._pinnable = 0
-        self._now = NEVER
 
     # -- inspection (tests, debugging) -----------------------------------------------------------
     def lists(self) -> tuple[list[Hashable], list[Hashable], list[Hashable], list[Hashable]]:
@@ -74,8 +71,6 @@ class ARC(EvictionPolicy):
 
     # -- told ----------------------------------------------------------------------------------
     def _access(self, key: Hashable, hit: bool, now: float, item: Item | None) -> None:
-        if now > self._now:
-            self._now = now
         if hit:
             t1 = self._t1
             if key in t1:
@@ -107,8 +102,6 @@ class ARC(EvictionPolicy):
         self._pending_from = which
 
     def _insert(self, item: Item, now: float) -> None:
-        if now > self._now:
-            self._now = now
         key = item.key
         if key != self._pending and (key in self._b1 or key in self._b2):
             # an insert without a reported miss (a write): count the ghost hit now
@@ -119,8 +112,6 @@ class ARC(EvictionPolicy):
             self._t1[key] = None
             self._t1_bytes += item.size
         self._pending = _NONE
-        if item.deadline is not None:
-            self._pinnable += 1
         self._trim()
 
     def _trim(self) -> None:
@@ -148,8 +139,6 @@ class ARC(EvictionPolicy):
             if ghost:
                 self._b2[key] = size
                 self._b2_bytes += size
-        if item.deadline is not None:
-            self._pinnable -= 1
 
     # -- asked ---------------------------------------------------------------------------------
     def victims(self, need: int, protected: Container[Hashable] = ()) -> list[Hashable] | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Container, Hashable, Iterator, Sequence
+from collections.abc import Container, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -62,6 +62,48 @@ class Item:
             raise PolicyError(f"miss_cost must be >= 0, got {self.miss_cost!r}")
 
 
+#: ``now`` before the caller has said anything: every deadline lies in its future.
+NEVER = float("-inf")
+
+
+def soft_pinned(item: Item, now: float) -> bool:
+    """Whether ``item`` is soft-pinned at time ``now`` (its deadline has not passed)."""
+    deadline = item.deadline
+    return deadline is not None and deadline > now
+
+
+def take_soft(order: Iterable[Hashable], items: Mapping[Hashable, Item], need: int,
+              protected: Container[Hashable], now: float) -> list[Hashable] | None:
+    """The shortest prefix of ``order`` (skipping ``protected``) that frees ``need`` bytes,
+    soft-pinned keys deferred to a second pass; ``None`` if even they do not suffice.
+
+    Walks ``order`` only as far as needed: when nothing is soft-pinned it costs what
+    ``EvictionPolicy.take`` costs."""
+    out: list[Hashable] = []
+    if need <= 0:
+        return out
+    freed = 0
+    deferred: list[Hashable] = []
+    for key in order:
+        if key in protected:
+            continue
+        item = items[key]
+        deadline = item.deadline
+        if deadline is not None and deadline > now:
+            deferred.append(key)
+            continue
+        out.append(key)
+        freed += item.size
+        if freed >= need:
+            return out
+    for key in deferred:
+        out.append(key)
+        freed += items[key].size
+        if freed >= need:
+            return out
+    return None
+
+
 class EvictionPolicy(ABC):
     """Chooses what leaves a cache of ``capacity`` bytes.
 
@@ -79,6 +121,8 @@ class EvictionPolicy(ABC):
         self.capacity = capacity
         self._items: dict[Hashable, Item] = {}
         self.used = 0
+        self._now = NEVER        # the latest ``now`` the caller has given
+        self._pinnable = 0       # items that carry a deadline (soft pins are possible)
 
     # -- told ----------------------------------------------------------------------------------
     def on_insert(self, item: Item, now: float) -> None:
@@ -87,6 +131,10 @@ class EvictionPolicy(ABC):
             raise PolicyError(f"{item.key!r} is already in the cache")
         self._items[item.key] = item
         self.used += item.size
+        if now > self._now:
+            self._now = now
+        if item.deadline is not None:
+            self._pinnable += 1
         self._insert(item, now)
 
     def on_access(self, key: Hashable, hit: bool, now: float, item: Item | None = None
@@ -95,6 +143,8 @@ class EvictionPolicy(ABC):
         ``item`` (when known) lets ghost-list policies remember its metadata."""
         if hit and key not in self._items:
             raise PolicyError(f"hit on {key!r}, which is not in the cache")
+        if now > self._now:
+            self._now = now
         self._access(key, hit, now, item)
 
     def on_remove(self, key: Hashable, reason: Reason) -> None:
@@ -103,6 +153,8 @@ class EvictionPolicy(ABC):
         if item is None:
             raise PolicyError(f"{key!r} is not in the cache")
         self.used -= item.size
+        if item.deadline is not None:
+            self._pinnable -= 1
         self._remove(item, reason)
 
     # -- asked ---------------------------------------------------------------------------------
@@ -156,10 +208,7 @@ class EvictionPolicy(ABC):
 class PlannedEviction(EvictionPolicy):
     """Base for policies whose eviction procedure moves things as it goes (a hand, second
     chances): :meth:`victims` runs :meth:`_plan` on a virtual copy of that state, first without
-    soft-pinned keys, then, if that cannot free enough, continuing from there with them.
-    Subclasses count the items that carry a deadline in ``_pinnable``."""
-
-    _pinnable: int = 0
+    soft-pinned keys, then, if that cannot free enough, continuing from there with them."""
 
     def victims(self, need: int, protected: Container[Hashable] = ()) -> list[Hashable] | None:
         if need <= 0:

@@ -12,51 +12,10 @@ Also home of the soft-pin helpers the other built-in policies share:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Hashable, Iterable, Mapping
+from collections.abc import Container, Hashable
 
-from policies.base import EvictionPolicy, Item, Reason
+from policies.base import EvictionPolicy, Item, Reason, take_soft
 from policies.registry import register
-
-#: ``now`` before the caller has said anything: every deadline lies in its future.
-NEVER = float("-inf")
-
-
-def soft_pinned(item: Item, now: float) -> bool:
-    """Whether ``item`` is soft-pinned at time ``now`` (its deadline has not passed)."""
-    deadline = item.deadline
-    return deadline is not None and deadline > now
-
-
-def take_soft(order: Iterable[Hashable], items: Mapping[Hashable, Item], need: int,
-              protected: Container[Hashable], now: float) -> list[Hashable] | None:
-    """The shortest prefix of ``order`` (skipping ``protected``) that frees ``need`` bytes,
-    soft-pinned keys deferred to a second pass; ``None`` if even they do not suffice.
-
-    Walks ``order`` only as far as needed: when nothing is soft-pinned it costs what
-    ``EvictionPolicy.take`` costs."""
-    out: list[Hashable] = []
-    if need <= 0:
-        return out
-    freed = 0
-    deferred: list[Hashable] = []
-    for key in order:
-        if key in protected:
-            continue
-        item = items[key]
-        deadline = item.deadline
-        if deadline is not None and deadline > now:
-            deferred.append(key)
-            continue
-        out.append(key)
-        freed += item.size
-        if freed >= need:
-            return out
-    for key in deferred:
-        out.append(key)
-        freed += items[key].size
-        if freed >= need:
-            return out
-    return None
 
 
 @register("fifo")
@@ -66,16 +25,12 @@ class FIFO(EvictionPolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._order: OrderedDict[Hashable, None] = OrderedDict()
-        self._now = NEVER
 
     def _insert(self, item: Item, now: float) -> None:
         self._order[item.key] = None
-        if now > self._now:
-            self._now = now
 
     def _access(self, key: Hashable, hit: bool, now: float, item: Item | None) -> None:
-        if now > self._now:
-            self._now = now
+        pass   # insertion order only: accesses change nothing
 
     def _remove(self, item: Item, reason: Reason) -> None:
         del self._order[item.key]

@@ -23,8 +23,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Container, Hashable, Iterator
 from itertools import chain
 
-from policies.base import EvictionPolicy, Item, PolicyError, Reason
-from policies.fifo import NEVER, take_soft
+from policies.base import EvictionPolicy, Item, PolicyError, Reason, take_soft
 from policies.registry import register
 
 #: An index entry: (priority, sequence number of its last reference, key). Sequence numbers are
@@ -102,7 +101,6 @@ class PriorityPolicy(EvictionPolicy):
         self._count: dict[Hashable, int] = {}
         self._age: float = 0
         self._seq = 0
-        self._now = NEVER
 
     @property
     def age(self) -> float:
@@ -113,8 +111,6 @@ class PriorityPolicy(EvictionPolicy):
         return 1
 
     def _insert(self, item: Item, now: float) -> None:
-        if now > self._now:
-            self._now = now
         key = item.key
         self._seq += 1
         entry = (self._age + self._weight(item), self._seq, key)
@@ -123,8 +119,6 @@ class PriorityPolicy(EvictionPolicy):
         self._index.add(entry)
 
     def _access(self, key: Hashable, hit: bool, now: float, item: Item | None) -> None:
-        if now > self._now:
-            self._now = now
         if not hit:
             return
         count = self._count[key] + 1

@@ -33,7 +33,7 @@ from typing import Any
 
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
-from policies.base import EvictionPolicy, Item, PolicyError, Reason
+from policies.base import EvictionPolicy, Item, PolicyError, Reason, soft_pinned
 from policies.registry import register
 
 
@@ -53,7 +53,6 @@ class PrefixAware(EvictionPolicy):
         self._hist: dict[Hashable, int] = {}       # accesses per key, cached or not (aged)
         self._ticks = 0
         self._L = 0.0
-        self._now = 0.0
         self._seq = itertools.count()
         self._freq: dict[Hashable, int] = {}
         self._prio: dict[Hashable, tuple[float, int]] = {}
@@ -87,7 +86,6 @@ class PrefixAware(EvictionPolicy):
         return n
 
     def _insert(self, item: Item, now: float) -> None:
-        self._now = max(self._now, now)
         key, parent = item.key, item.parent
         self._freq[key] = max(1, self._hist.get(key, 0)) if self.history else 1
         if parent is not None:
@@ -99,7 +97,6 @@ class PrefixAware(EvictionPolicy):
         self._set_prio(key, item)
 
     def _access(self, key: Hashable, hit: bool, now: float, item: Item | None) -> None:
-        self._now = max(self._now, now)
         if self.history:
             n = self._count(key)
             if hit:
@@ -136,10 +133,6 @@ class PrefixAware(EvictionPolicy):
             out = self._any_victims(need, protected)
         return out
 
-    def _pinned_softly(self, key: Hashable) -> bool:
-        d = self._items[key].deadline
-        return d is not None and d > self._now
-
     def _leaf_victims(self, need: int, protected: Container[Hashable]
                       ) -> list[Hashable] | None:
         """Walk leaves in H order, exposing parents on a private heap as their last child is
@@ -161,7 +154,7 @@ class PrefixAware(EvictionPolicy):
                 nxt = next(it, None)
             if key in protected:
                 continue
-            if self._pinned_softly(key):
+            if soft_pinned(self._items[key], self._now):
                 deferred.append(key)
                 continue
             out.append(key)

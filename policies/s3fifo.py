@@ -41,8 +41,7 @@ import enum
 from collections import OrderedDict, deque
 from collections.abc import Callable, Container, Hashable, Iterator, Sequence
 
-from policies.base import Item, PlannedEviction, PolicyError, Reason
-from policies.fifo import NEVER, soft_pinned
+from policies.base import Item, PlannedEviction, PolicyError, Reason, soft_pinned
 from policies.registry import register
 
 
@@ -81,8 +80,6 @@ class S3FIFO(PlannedEviction):
         self._s_bytes = 0
         self._g_bytes = 0
         self._ghost_hit: Hashable = _NONE
-        self._pinnable = 0
-        self._now = NEVER
 
     # -- inspection (tests, debugging) -----------------------------------------------------------
     def queues(self) -> tuple[list[Hashable], list[Hashable], list[Hashable]]:
@@ -91,8 +88,6 @@ class S3FIFO(PlannedEviction):
 
     # -- told ----------------------------------------------------------------------------------
     def _insert(self, item: Item, now: float) -> None:
-        if now > self._now:
-            self._now = now
         key = item.key
         if key == self._ghost_hit:
             to_main = True
@@ -108,12 +103,8 @@ class S3FIFO(PlannedEviction):
             self._s[key] = None
             self._s_bytes += item.size
         self._freq[key] = 0
-        if item.deadline is not None:
-            self._pinnable += 1
 
     def _access(self, key: Hashable, hit: bool, now: float, item: Item | None) -> None:
-        if now > self._now:
-            self._now = now
         if hit:
             f = self._freq[key]
             if f < _MAX_FREQ:
@@ -128,8 +119,6 @@ class S3FIFO(PlannedEviction):
 
     def _remove(self, item: Item, reason: Reason) -> None:
         key = item.key
-        if item.deadline is not None:
-            self._pinnable -= 1
         if reason is Reason.EVICTED or reason is Reason.DEMOTED:
             self._evict(item)
         elif key in self._s:

@@ -34,8 +34,7 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable, Sequence
 from itertools import chain
 
-from policies.base import Item, PlannedEviction, Reason
-from policies.fifo import NEVER, soft_pinned
+from policies.base import Item, PlannedEviction, Reason, soft_pinned
 from policies.registry import register
 
 
@@ -48,27 +47,17 @@ class SIEVE(PlannedEviction):
         self._ahead: OrderedDict[Hashable, None] = OrderedDict()   # hand .. head
         self._behind: OrderedDict[Hashable, None] = OrderedDict()  # tail .. hand (exclusive)
         self._visited: set[Hashable] = set()
-        self._pinnable = 0  # items with a deadline (soft pins possible)
-        self._now = NEVER
 
     # -- told ----------------------------------------------------------------------------------
     def _insert(self, item: Item, now: float) -> None:
-        if now > self._now:
-            self._now = now
         self._ahead[item.key] = None
-        if item.deadline is not None:
-            self._pinnable += 1
 
     def _access(self, key: Hashable, hit: bool, now: float, item: Item | None) -> None:
-        if now > self._now:
-            self._now = now
         if hit:
             self._visited.add(key)
 
     def _remove(self, item: Item, reason: Reason) -> None:
         key = item.key
-        if item.deadline is not None:
-            self._pinnable -= 1
         if reason is Reason.EVICTED or reason is Reason.DEMOTED:
             self._advance_to(key)
         self._visited.discard(key)

@@ -15,8 +15,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Container, Hashable
 
-from policies.base import EvictionPolicy, Item, PolicyError, Reason
-from policies.fifo import NEVER, take_soft
+from policies.base import EvictionPolicy, Item, PolicyError, Reason, take_soft
 from policies.registry import register
 
 
@@ -34,16 +33,11 @@ class SLRU(EvictionPolicy):
         self._probation: OrderedDict[Hashable, None] = OrderedDict()
         self._protected: OrderedDict[Hashable, None] = OrderedDict()
         self._protected_bytes = 0
-        self._now = NEVER
 
     def _insert(self, item: Item, now: float) -> None:
         self._probation[item.key] = None
-        if now > self._now:
-            self._now = now
 
     def _access(self, key: Hashable, hit: bool, now: float, item: Item | None) -> None:
-        if now > self._now:
-            self._now = now
         if not hit:
             return
         prot = self._protected
