@@ -159,10 +159,7 @@ class Engine:
             with index.env.read() as txn:
                 exists = index.check_format(txn)
                 config = cls._config(index, txn, config, root) if exists else config
-                try:
-                    stored_identity = index.get_meta(txn, "store") if exists else None
-                except CorruptStoreError:
-                    stored_identity = None
+                stored_identity = index.meta_or_none(txn, "store") if exists else None
             if not exists and readonly:
                 raise StoreError(f"{root} is not an rkv store (empty index)")
             config = config or EngineConfig()
@@ -288,7 +285,7 @@ class Engine:
 
     def _flush_touches(self, txn: Any, touched: dict[bytes, int]) -> None:
         for key, at in touched.items():
-            meta = self._evictor._meta(txn, key)
+            meta = self._index.read_chunk(txn, key)
             if meta is not None and at > meta.at:
                 self._index.put_chunk(txn, key, meta.with_(at=at), meta)
 
@@ -350,7 +347,7 @@ class Engine:
             written = deduped = blocks = nbytes = 0
             for i, key in enumerate(keys):
                 if ix.has_chunk(txn, key):
-                    if self._evictor._meta(txn, key) is not None:
+                    if self._index.read_chunk(txn, key) is not None:
                         deduped += 1
                         continue
                     free_chunk(ix, txn, key, None, pending, None)  # heal a damaged entry
@@ -385,7 +382,7 @@ class Engine:
                 blocks += spec.n_layers
                 nbytes += rec_size * spec.n_layers
                 per_tier[tier] += 1
-            lmeta = self._evictor._meta(txn, keys[-1])
+            lmeta = self._index.read_chunk(txn, keys[-1])
             if lmeta is not None and not lmeta.end:
                 ix.put_chunk(txn, keys[-1], lmeta.with_(end=True), lmeta)
             ix.set_usage(txn, usage)
@@ -515,7 +512,7 @@ class Engine:
         return GetResult(done, to_output(kv, spec.dtype, as_torch), statuses, stored)
 
     def _read_block(self, reader: Callable[[str], TierReader], key: bytes, ci: int, layer: int,
-                    meta: ChunkMeta, fp: bytes, spec: ModelSpec, dest: np.ndarray
+                    meta: ChunkMeta, fp: bytes, spec: ModelSpec, dest: np.ndarray | None
                     ) -> BlockStatus:
         tier = meta.blocks[layer][0] if layer < len(meta.blocks) else "?"
         bkey = block_key(key, layer)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rkv.blockcodec import reencode
 from rkv.config import EngineConfig
-from rkv.errors import CorruptStoreError, IntegrityError, TierFullError
+from rkv.errors import IntegrityError, TierFullError
 from rkv.index import ChunkMeta, Index, Usage
 from rkv.keys import block_key
 from rkv.record import decode_record
@@ -119,7 +119,7 @@ class Evictor:
             for key, meta in victims:
                 if below is None:
                     for k in subtree(self.ix, txn, key):
-                        m = meta if k == key else self._meta(txn, k)
+                        m = meta if k == key else self.ix.read_chunk(txn, k)
                         free_chunk(self.ix, txn, k, m, pending, usage)
                         stats["evicted"] += 1
                 elif not self._demote(txn, key, meta, level, below, usage, protect, pending,
@@ -128,12 +128,6 @@ class Evictor:
             if usage.bytes(name) >= before:
                 return False  # no progress: never loop on the same victims
         return usage.bytes(name) + need <= cap
-
-    def _meta(self, txn: Any, key: bytes) -> ChunkMeta | None:
-        try:
-            return self.ix.get_chunk(txn, key)
-        except CorruptStoreError:
-            return None
 
     def _victims(self, txn: Any, name: str, deficit: int, protect: set[bytes], *,
                  leaves_only: bool) -> list[tuple[bytes, ChunkMeta]]:
@@ -145,7 +139,7 @@ class Evictor:
         for at, key in self.ix.lru_order(txn, name):
             if key in protect:
                 continue
-            meta = self._meta(txn, key)
+            meta = self.ix.read_chunk(txn, key)
             if meta is None or meta.at != at or meta.bytes_in(name) == 0:
                 stale.append((at, key))
                 continue
@@ -167,11 +161,11 @@ class Evictor:
         taken: set[bytes] = set()
         freed = 0
         for _, key in self.ix.lru_order(txn, name):
-            meta = self._meta(txn, key)
+            meta = self.ix.read_chunk(txn, key)
             if key in protect or key in taken or meta is None or meta.pins:
                 continue
             tree = subtree(self.ix, txn, key)
-            metas = [self._meta(txn, k) for k in tree[1:]]
+            metas = [self.ix.read_chunk(txn, k) for k in tree[1:]]
             if any(k in protect or k in taken for k in tree) or any(
                     m is not None and m.pins for m in metas):
                 continue

@@ -155,9 +155,10 @@ class Index:
         if db is None:
             return None
         v = txn.get(key, db=db)
-        if v is None:
-            return None
-        return unseal(key, v, what) if self.format >= 2 else bytes(v)
+        return None if v is None else self._open(key, v, what)
+
+    def _open(self, key: bytes, raw: Any, what: str) -> bytes:
+        return unseal(key, raw, what) if self.format >= 2 else bytes(raw)
 
     def _put(self, txn: Any, db: Any, key: bytes, body: bytes) -> None:
         txn.put(key, seal(key, body), db=db)
@@ -171,6 +172,13 @@ class Index:
             return json.loads(v)
         except ValueError as exc:
             raise CorruptStoreError(f"corrupt index metadata {name!r}") from exc
+
+    def meta_or_none(self, txn: Any, name: str) -> Any:
+        """Like :meth:`get_meta`, with None for a damaged value as well as a missing one."""
+        try:
+            return self.get_meta(txn, name)
+        except CorruptStoreError:
+            return None
 
     def set_meta(self, txn: Any, name: str, value: Any) -> None:
         self._put(txn, self._meta, name.encode(), json.dumps(value, sort_keys=True).encode())
@@ -244,10 +252,10 @@ class Index:
         if self._models is None:
             return out
         self.check()
-        for k, _ in txn.cursor(db=self._models):
+        for k, v in txn.cursor(db=self._models):
             key = bytes(k)
             try:
-                out[key] = json.loads(self._get(txn, self._models, key, "model") or b"")
+                out[key] = json.loads(self._open(key, v, "model"))
             except (CorruptStoreError, ValueError):
                 out[key] = None
         return out
@@ -257,6 +265,13 @@ class Index:
         """The chunk's entry, None when absent; raises CorruptStoreError when damaged."""
         v = self._get(txn, self._chunks, key, f"chunk {key.hex()[:16]}")
         return None if v is None else ChunkMeta.from_json(v)
+
+    def read_chunk(self, txn: Any, key: bytes) -> ChunkMeta | None:
+        """The chunk's entry, or None when it is absent or damaged."""
+        try:
+            return self.get_chunk(txn, key)
+        except CorruptStoreError:
+            return None
 
     def has_chunk(self, txn: Any, key: bytes) -> bool:
         return self._chunks is not None and txn.get(key, db=self._chunks) is not None
@@ -322,10 +337,10 @@ class Index:
         if self._chunks is None:
             return
         self.check()
-        for k, _ in txn.cursor(db=self._chunks):
+        for k, v in txn.cursor(db=self._chunks):
             key = bytes(k)
             try:
-                yield key, self.get_chunk(txn, key)
+                yield key, ChunkMeta.from_json(self._open(key, v, f"chunk {key.hex()[:16]}"))
             except CorruptStoreError:
                 yield key, None
 

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from rkv.blockcodec import reencode
@@ -20,7 +21,6 @@ from rkv.errors import (
     ConfigError,
     CorruptStoreError,
     IntegrityError,
-    MissingRecordError,
     RkvError,
     StoreError,
 )
@@ -36,13 +36,6 @@ if TYPE_CHECKING:
     from rkv.engine import Engine
 
 log = logging.getLogger("rkv")
-
-
-def _safe_meta(engine: Engine, txn: Any, name: str) -> Any:
-    try:
-        return engine._index.get_meta(txn, name)
-    except CorruptStoreError:
-        return None
 
 
 def reconcile(engine: Engine, txn: Any, pending: Pending, drop_tiers: frozenset[str]) -> None:
@@ -91,7 +84,7 @@ def reconcile(engine: Engine, txn: Any, pending: Pending, drop_tiers: frozenset[
                 free_chunk(ix, txn, key, meta, pending, None)
                 dropped += 1
         ix.set_usage(txn, ix.recount_usage(txn))
-        prev = _safe_meta(engine, txn, "dropped") or {}
+        prev = engine._index.meta_or_none(txn, "dropped") or {}
         ix.set_meta(txn, "dropped", {
             "chunks": int(prev.get("chunks", 0)) + dropped,
             "tiers": sorted(set(prev.get("tiers", [])) | lost),
@@ -103,25 +96,12 @@ def reconcile(engine: Engine, txn: Any, pending: Pending, drop_tiers: frozenset[
     ix.set_meta(txn, "tiers", {n: sid for n, sid in current.items() if n in engine._tiers})
 
 
-def check_block(engine: Engine, key: bytes, layer: int, tier: str, meta: ChunkMeta,
+def check_block(engine: Engine, key: bytes, layer: int, meta: ChunkMeta,
                 spec: ModelSpec) -> BlockStatus:
-    if tier not in engine._tiers:
-        return BlockStatus(meta.pos, layer, tier, MISSING, 0,
-                           MissingRecordError(f"tier {tier} is not configured"))
-    try:
-        with engine._tiers[tier].reader() as r:
-            rec = r.get(block_key(key, layer))
-            if rec is None:
-                return BlockStatus(meta.pos, layer, tier, MISSING, 0,
-                                   MissingRecordError("record is missing"))
-            repairs, corrected = engine._verify_into(rec, key, layer, meta.fingerprint, spec,
-                                                     meta.n_tokens, None, meta.blocks[layer][1])
-    except MissingRecordError as exc:
-        return BlockStatus(meta.pos, layer, tier, MISSING, 0, exc)
-    except IntegrityError as exc:
-        return BlockStatus(meta.pos, layer, tier, UNCORRECTABLE, 0, exc)
-    status = CORRECTED if repairs or corrected else OK
-    return BlockStatus(meta.pos, layer, tier, status, corrected, None, repairs)
+    """One block through the read path, verified but copied nowhere."""
+    with ExitStack() as stack:
+        return engine._read_block(lambda t: stack.enter_context(engine._tiers[t].reader()),
+                                  key, meta.pos, layer, meta, meta.fingerprint, spec, None)
 
 
 def _is_orphan(ix: Any, txn: Any, tier: str, key: bytes) -> bool:
@@ -147,7 +127,7 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
     with ix.env.read() as txn:
         entries = list(ix.chunks(txn))
         raw_models = ix.models(txn)
-        dropped = _safe_meta(engine, txn, "dropped") or {}
+        dropped = engine._index.meta_or_none(txn, "dropped") or {}
     models = {fp: ModelSpec.from_dict(s) for fp, s in raw_models.items() if s is not None}
     keys = {k for k, _ in entries}
     counts: Counter[str] = Counter()
@@ -167,7 +147,7 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
                 counts[UNCORRECTABLE] += 1
                 problems.append((key.hex(), layer, tier, "unknown or damaged model entry"))
                 continue
-            st = check_block(engine, key, layer, tier, meta, spec)
+            st = check_block(engine, key, layer, meta, spec)
             counts[st.status] += 1
             if st.status == CORRECTED and repair:
                 to_repair.append((key, layer, tier))
