@@ -19,16 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from rkv.blockcodec import codec_for, encode_block, quantizer_for, read_block, record_size
-from rkv.config import EngineConfig, TierConfig
+from rkv.blockcodec import codec_for, encode_block, quantizer_for, record_size
+from rkv.config import EngineConfig
 from rkv.errors import (
     ConfigError,
-    CorruptRecordError,
     CorruptStoreError,
-    IntegrityError,
-    MissingRecordError,
     ReadOnlyStoreError,
-    RecordMismatchError,
     RkvError,
     ShapeError,
     StoreClosedError,
@@ -38,7 +34,8 @@ from rkv.eviction import Evictor, free_chunk
 from rkv.index import ChunkMeta, Index
 from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
-from rkv.record import RecordHeader, decode_record
+from rkv.readpath import ReadPath
+from rkv.record import RecordHeader
 from rkv.results import (
     CORRECTED,
     MISSING,
@@ -49,9 +46,16 @@ from rkv.results import (
     PutResult,
     VerifyReport,
 )
-from rkv.store import Identity, identify, memory_dir, remove_outside, resolve_tier_path
+from rkv.store import (
+    Identity,
+    identify,
+    memory_dir,
+    remove_outside,
+    resolve_tier_path,
+    store_id_at,
+)
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
-from rkv.tiers import LmdbTier, Tier, TierReader, UnavailableTier
+from rkv.tiers import LmdbTier, Tier, open_tier
 from rkv.txn import Hooks, Mutator, Pending
 
 log = logging.getLogger("rkv")
@@ -71,37 +75,6 @@ class _Scratch:
         if self._buf.size < n:
             self._buf = np.empty(n, dtype=np.uint8)
         return self._buf[:n]
-
-
-def _open_tier(t: TierConfig, path: Path, readonly: bool) -> Tier:
-    """The tier's LMDB environment, or a stand-in that fails its reads when it cannot be
-    opened (damaged, or missing in a read-only open)."""
-    try:
-        return LmdbTier(t, path, readonly=readonly)
-    except CorruptStoreError as exc:
-        return UnavailableTier(t, path, str(exc))
-    except StoreError as exc:
-        if not readonly or isinstance(exc, ReadOnlyStoreError):
-            raise
-        return UnavailableTier(t, path, "missing (wiped?)", missing=True)
-
-
-def _store_id_at(path: Path) -> str | None:
-    """The store id of the store at ``path`` (None when there is none or it is unreadable)."""
-    try:
-        ix = Index(path / "index", sync=False, readonly=True, create=False)
-    except RkvError:
-        return None
-    try:
-        with ix.env.read() as txn:
-            if not ix.check_format(txn):
-                return None
-            meta = ix.get_meta(txn, "store")
-        return meta.get("id") if isinstance(meta, dict) else None
-    except RkvError:
-        return None
-    finally:
-        ix.close()
 
 
 class Engine:
@@ -127,6 +100,7 @@ class Engine:
         self.hooks: Hooks = {}
         self._mutator = Mutator(index.env, tiers, self.hooks)
         self._evictor = Evictor(index, tiers, config, self._codecs)
+        self._reads = ReadPath(index, tiers)
         self.dropped_at_open = 0
         self._log: Any = None
 
@@ -163,13 +137,13 @@ class Engine:
             if not exists and readonly:
                 raise StoreError(f"{root} is not an rkv store (empty index)")
             config = config or EngineConfig()
-            identity = identify(root, stored_identity, exists, _store_id_at)
+            identity = identify(root, stored_identity, exists, store_id_at)
             if identity.copied_from:
                 log.warning("%s is a copy of %s: it gets its own memory tiers (the original's "
                             "memory-tier chunks are not shared)", root, identity.copied_from)
             tiers: dict[str, Tier] = {}
             for t in config.tiers:
-                tiers[t.name] = _open_tier(t, resolve_tier_path(root, t, identity.id),
+                tiers[t.name] = open_tier(t, resolve_tier_path(root, t, identity.id),
                                            readonly)
                 cleanup.callback(tiers[t.name].close)
             index.check()                  # a damaged index: a typed error, nothing touched
@@ -327,7 +301,7 @@ class Engine:
         bounds = chunk_bounds(len(toks), self.config.chunk_tokens)[: len(keys)]
         ix = self._index
         with ix.env.read() as txn:
-            metas, _ = self._stored(txn, keys)
+            metas, _ = self._reads.stored(txn, keys)
         if len(metas) == len(keys) and metas[-1].end:
             self._touch(keys)
             with self._lock:
@@ -410,25 +384,11 @@ class Engine:
         return quant if quant.encoded_size(header.shape, header.dtype) < raw else None
 
     # -- the read path ------------------------------------------------------------------------
-    def _stored(self, txn: Any, keys: list[bytes]
-                ) -> tuple[list[ChunkMeta], CorruptStoreError | None]:
-        """Index entries of the stored prefix, and the error of a damaged entry ending it."""
-        metas: list[ChunkMeta] = []
-        for k in keys:
-            try:
-                m = self._index.get_chunk(txn, k)
-            except CorruptStoreError as exc:
-                return metas, exc
-            if m is None:
-                break
-            metas.append(m)
-        return metas, None
-
     def lookup(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
         """Length in tokens of the longest stored prefix of ``tokens`` (not yet verified)."""
         _, _, _, keys = self._prepare(tokens, model)
         with self._index.env.read() as txn:
-            metas, _ = self._stored(txn, keys)
+            metas, _ = self._reads.stored(txn, keys)
         with self._lock:
             self._counters["lookups"] += 1
         return sum(m.n_tokens for m in metas)
@@ -450,7 +410,7 @@ class Engine:
         if self._log is not None:
             self._log.record("get", fp, keys, len(toks))
         with self._index.env.read() as txn:
-            metas, damaged = self._stored(txn, keys)
+            metas, damaged = self._reads.stored(txn, keys)
         stored = sum(m.n_tokens for m in metas)
         dtype = numpy_dtype(spec.dtype)
         if out is None:
@@ -464,31 +424,7 @@ class Engine:
                     f"out must be a writeable {dtype} numpy array shaped {want} (or longer "
                     "along tokens)"
                 )
-        statuses: list[BlockStatus] = []
-        done = 0
-        with ExitStack() as stack:
-            readers: dict[str, TierReader] = {}
-
-            def reader(tier: str) -> TierReader:
-                if tier not in readers:
-                    readers[tier] = stack.enter_context(self._tiers[tier].reader())
-                return readers[tier]
-
-            for ci, meta in enumerate(metas):
-                good = True
-                n = meta.n_tokens
-                for layer in range(spec.n_layers):
-                    st = self._read_block(reader, keys[ci], ci, layer, meta, fp, spec,
-                                          out[layer, :, done:done + n])
-                    statuses.append(st)
-                    if st.status in (UNCORRECTABLE, MISSING):
-                        good = False
-                        if strict:
-                            assert st.error is not None
-                            raise st.error
-                if not good:
-                    break
-                done += n
+        statuses, done = self._reads.read_chunks(keys, metas, fp, spec, out, strict)
         if damaged is not None and done == stored:
             if strict:
                 raise damaged
@@ -511,71 +447,6 @@ class Engine:
         kv = out if out.shape[2] == done else out[:, :, :done]
         return GetResult(done, to_output(kv, spec.dtype, as_torch), statuses, stored)
 
-    def _read_block(self, reader: Callable[[str], TierReader], key: bytes, ci: int, layer: int,
-                    meta: ChunkMeta, fp: bytes, spec: ModelSpec, dest: np.ndarray | None
-                    ) -> BlockStatus:
-        tier = meta.blocks[layer][0] if layer < len(meta.blocks) else "?"
-        bkey = block_key(key, layer)
-        try:
-            if layer >= len(meta.blocks):
-                raise RecordMismatchError(
-                    f"index entry has {len(meta.blocks)} layers, the model {spec.n_layers}"
-                )
-            if tier not in self._tiers:
-                raise MissingRecordError(f"tier {tier} is not configured")
-            rec = reader(tier).get(bkey)
-            if rec is not None:
-                repairs, corrected = self._verify_into(rec, key, layer, fp, spec,
-                                                       meta.n_tokens, dest,
-                                                       meta.blocks[layer][1])
-            else:
-                # A concurrent writer may have demoted the chunk: look again, once.
-                with self._index.env.read() as txn:
-                    fresh = self._index.get_chunk(txn, key)
-                if fresh is None:
-                    return BlockStatus(ci, layer, tier, MISSING, 0,
-                                       MissingRecordError("chunk was evicted during the read"))
-                tier = fresh.blocks[layer][0]
-                with self._tiers[tier].reader() as r:
-                    rec = r.get(bkey)
-                    if rec is None:
-                        raise MissingRecordError(f"block {bkey.hex()} is missing from tier "
-                                                 f"{tier}")
-                    repairs, corrected = self._verify_into(rec, key, layer, fp, spec,
-                                                           meta.n_tokens, dest,
-                                                           fresh.blocks[layer][1])
-        except MissingRecordError as exc:
-            return BlockStatus(ci, layer, tier, MISSING, 0, exc)
-        except IntegrityError as exc:
-            return BlockStatus(ci, layer, tier, UNCORRECTABLE, 0, exc)
-        if repairs or corrected:
-            return BlockStatus(ci, layer, tier, CORRECTED, corrected, None, repairs)
-        return BlockStatus(ci, layer, tier, OK)
-
-    @staticmethod
-    def _verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
-                     n_tokens: int, dest: np.ndarray | None, size: int = -1
-                     ) -> tuple[int, int]:
-        """Check one record and copy its data into ``dest`` (inside the reader's snapshot).
-
-        ``size`` is the record's length as the index knows it: a longer zero-copy view comes
-        from a damaged database page and is not touched at all (its bytes may lie past the end
-        of the file); a shorter one is decoded and reported as what it is. Returns (header
-        copies repaired, symbols or bits the ECC corrected).
-        """
-        if size >= 0 and memoryview(rec).nbytes > size:
-            raise CorruptRecordError(f"record is {memoryview(rec).nbytes} bytes, the index "
-                                     f"says {size}")
-        dec = decode_record(rec, expect_key=key, expect_layer=layer, expect_fingerprint=fp)
-        h = dec.header
-        if h.shape != spec.block_shape(n_tokens) or h.dtype != spec.dtype:
-            raise RecordMismatchError(
-                f"record holds {h.dtype}{list(h.shape)}, expected "
-                f"{spec.dtype}{list(spec.block_shape(n_tokens))}"
-            )
-        corrected = read_block(dec, dest)
-        return dec.header_repairs, corrected
-
     # -- control ------------------------------------------------------------------------------
     def pin(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
         """Pin the stored prefix of ``tokens`` against eviction and demotion.
@@ -593,7 +464,7 @@ class Engine:
 
         def fn(txn: Any, pending: Pending) -> int:
             changed = 0
-            metas, _ = self._stored(txn, keys)
+            metas, _ = self._reads.stored(txn, keys)
             for meta, key in zip(metas, keys, strict=False):
                 pins = max(0, meta.pins + delta)
                 if pins != meta.pins:
@@ -617,7 +488,7 @@ class Engine:
 
         def fn(txn: Any, pending: Pending) -> int:
             ix = self._index
-            metas, _ = self._stored(txn, keys)
+            metas, _ = self._reads.stored(txn, keys)
             if len(metas) != len(keys):
                 return 0
             usage = ix.usage(txn)

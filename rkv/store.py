@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rkv.config import TierConfig
+from rkv.errors import RkvError
+from rkv.index import Index
 
 
 def memory_dir() -> Path | None:
@@ -111,3 +113,21 @@ def remove_outside(root: Path, tiers: tuple[TierConfig, ...], store_id: str) -> 
         if parent.name.startswith("rkv-") and parent.parent == memory_dir():
             with suppress(OSError):
                 parent.rmdir()
+
+
+def store_id_at(path: Path) -> str | None:
+    """The store id of the store at ``path`` (None when there is none or it is unreadable)."""
+    try:
+        ix = Index(path / "index", sync=False, readonly=True, create=False)
+    except RkvError:
+        return None
+    try:
+        with ix.env.read() as txn:
+            if not ix.check_format(txn):
+                return None
+            meta = ix.get_meta(txn, "store")
+        return meta.get("id") if isinstance(meta, dict) else None
+    except RkvError:
+        return None
+    finally:
+        ix.close()

@@ -13,7 +13,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from rkv.blockcodec import reencode
@@ -25,11 +24,11 @@ from rkv.errors import (
     StoreError,
 )
 from rkv.eviction import free_chunk
-from rkv.index import INDEX_FORMAT, ChunkMeta
+from rkv.index import INDEX_FORMAT
 from rkv.keys import block_key, split_block_key
 from rkv.model import ModelSpec
 from rkv.record import decode_record
-from rkv.results import CORRECTED, MISSING, OK, UNCORRECTABLE, BlockStatus, VerifyReport
+from rkv.results import CORRECTED, MISSING, OK, UNCORRECTABLE, VerifyReport
 from rkv.txn import Pending
 
 if TYPE_CHECKING:
@@ -96,14 +95,6 @@ def reconcile(engine: Engine, txn: Any, pending: Pending, drop_tiers: frozenset[
     ix.set_meta(txn, "tiers", {n: sid for n, sid in current.items() if n in engine._tiers})
 
 
-def check_block(engine: Engine, key: bytes, layer: int, meta: ChunkMeta,
-                spec: ModelSpec) -> BlockStatus:
-    """One block through the read path, verified but copied nowhere."""
-    with ExitStack() as stack:
-        return engine._read_block(lambda t: stack.enter_context(engine._tiers[t].reader()),
-                                  key, meta.pos, layer, meta, meta.fingerprint, spec, None)
-
-
 def _is_orphan(ix: Any, txn: Any, tier: str, key: bytes) -> bool:
     """A record that no index entry can account for (an unreadable entry accounts for
     every block key of its chunk: it may be rewritten)."""
@@ -147,7 +138,7 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
                 counts[UNCORRECTABLE] += 1
                 problems.append((key.hex(), layer, tier, "unknown or damaged model entry"))
                 continue
-            st = check_block(engine, key, layer, meta, spec)
+            st = engine._reads.check_block(key, layer, meta, spec)
             counts[st.status] += 1
             if st.status == CORRECTED and repair:
                 to_repair.append((key, layer, tier))

@@ -1,7 +1,25 @@
 """Storage tiers."""
 
+from pathlib import Path
+
+from rkv.config import TierConfig
+from rkv.errors import CorruptStoreError, ReadOnlyStoreError, StoreError
 from rkv.tiers.base import Tier, TierReader
 from rkv.tiers.lmdb_tier import LmdbTier
 from rkv.tiers.unavailable import UnavailableTier
 
-__all__ = ["LmdbTier", "Tier", "TierReader", "UnavailableTier"]
+__all__ = ["LmdbTier", "Tier", "TierReader", "UnavailableTier", "open_tier"]
+
+
+def open_tier(t: TierConfig, path: Path, readonly: bool) -> Tier:
+    """The tier's LMDB environment, or a stand-in that fails its reads when it cannot be
+    opened (damaged, or missing in a read-only open)."""
+    try:
+        return LmdbTier(t, path, readonly=readonly)
+    except CorruptStoreError as exc:
+        return UnavailableTier(t, path, str(exc))
+    except StoreError as exc:
+        if not readonly or isinstance(exc, ReadOnlyStoreError):
+            raise
+        return UnavailableTier(t, path, "missing (wiped?)", missing=True)
+

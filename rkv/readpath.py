@@ -1,0 +1,155 @@
+"""The read path: verified blocks out of the tiers into a caller's array.
+
+Reads take no lock: a reader works in LMDB snapshots, checks every record (header vote,
+identity, checksum, ECC on a mismatch) and reports a status per block. Only the engine writes
+(repairs, access times) after a read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+
+from rkv.blockcodec import read_block
+from rkv.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    IntegrityError,
+    MissingRecordError,
+    RecordMismatchError,
+)
+from rkv.index import ChunkMeta, Index
+from rkv.keys import block_key
+from rkv.model import ModelSpec
+from rkv.record import decode_record
+from rkv.results import CORRECTED, MISSING, OK, UNCORRECTABLE, BlockStatus
+from rkv.tiers import Tier, TierReader
+
+
+class ReadPath:
+    """Reads for one engine (its index and its tiers, shared by reference)."""
+
+    def __init__(self, index: Index, tiers: dict[str, Tier]) -> None:
+        self.index = index
+        self.tiers = tiers
+
+    def stored(self, txn: Any, keys: list[bytes]
+                ) -> tuple[list[ChunkMeta], CorruptStoreError | None]:
+        """Index entries of the stored prefix, and the error of a damaged entry ending it."""
+        metas: list[ChunkMeta] = []
+        for k in keys:
+            try:
+                m = self.index.get_chunk(txn, k)
+            except CorruptStoreError as exc:
+                return metas, exc
+            if m is None:
+                break
+            metas.append(m)
+        return metas, None
+
+    def read_chunks(self, keys: list[bytes], metas: list[ChunkMeta], fp: bytes,
+                    spec: ModelSpec, out: np.ndarray, strict: bool
+                    ) -> tuple[list[BlockStatus], int]:
+        """Read the chunks ``metas`` into ``out`` until one has a bad block; returns every
+        block's status and the tokens verified. ``strict`` raises the first error instead."""
+        statuses: list[BlockStatus] = []
+        done = 0
+        with ExitStack() as stack:
+            readers: dict[str, TierReader] = {}
+
+            def reader(tier: str) -> TierReader:
+                if tier not in readers:
+                    readers[tier] = stack.enter_context(self.tiers[tier].reader())
+                return readers[tier]
+
+            for ci, meta in enumerate(metas):
+                good = True
+                n = meta.n_tokens
+                for layer in range(spec.n_layers):
+                    st = self.read_block(reader, keys[ci], ci, layer, meta, fp, spec,
+                                         out[layer, :, done:done + n])
+                    statuses.append(st)
+                    if st.status in (UNCORRECTABLE, MISSING):
+                        good = False
+                        if strict:
+                            assert st.error is not None
+                            raise st.error
+                if not good:
+                    break
+                done += n
+        return statuses, done
+
+    def check_block(self, key: bytes, layer: int, meta: ChunkMeta, spec: ModelSpec
+                    ) -> BlockStatus:
+        """One block through the read path, verified but copied nowhere."""
+        with ExitStack() as stack:
+            return self.read_block(lambda t: stack.enter_context(self.tiers[t].reader()),
+                                   key, meta.pos, layer, meta, meta.fingerprint, spec, None)
+
+    def read_block(self, reader: Callable[[str], TierReader], key: bytes, ci: int, layer: int,
+                    meta: ChunkMeta, fp: bytes, spec: ModelSpec, dest: np.ndarray | None
+                    ) -> BlockStatus:
+        tier = meta.blocks[layer][0] if layer < len(meta.blocks) else "?"
+        bkey = block_key(key, layer)
+        try:
+            if layer >= len(meta.blocks):
+                raise RecordMismatchError(
+                    f"index entry has {len(meta.blocks)} layers, the model {spec.n_layers}"
+                )
+            if tier not in self.tiers:
+                raise MissingRecordError(f"tier {tier} is not configured")
+            rec = reader(tier).get(bkey)
+            if rec is not None:
+                repairs, corrected = self.verify_into(rec, key, layer, fp, spec,
+                                                       meta.n_tokens, dest,
+                                                       meta.blocks[layer][1])
+            else:
+                # A concurrent writer may have demoted the chunk: look again, once.
+                with self.index.env.read() as txn:
+                    fresh = self.index.get_chunk(txn, key)
+                if fresh is None:
+                    return BlockStatus(ci, layer, tier, MISSING, 0,
+                                       MissingRecordError("chunk was evicted during the read"))
+                tier = fresh.blocks[layer][0]
+                with self.tiers[tier].reader() as r:
+                    rec = r.get(bkey)
+                    if rec is None:
+                        raise MissingRecordError(f"block {bkey.hex()} is missing from tier "
+                                                 f"{tier}")
+                    repairs, corrected = self.verify_into(rec, key, layer, fp, spec,
+                                                           meta.n_tokens, dest,
+                                                           fresh.blocks[layer][1])
+        except MissingRecordError as exc:
+            return BlockStatus(ci, layer, tier, MISSING, 0, exc)
+        except IntegrityError as exc:
+            return BlockStatus(ci, layer, tier, UNCORRECTABLE, 0, exc)
+        if repairs or corrected:
+            return BlockStatus(ci, layer, tier, CORRECTED, corrected, None, repairs)
+        return BlockStatus(ci, layer, tier, OK)
+
+    @staticmethod
+    def verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
+                     n_tokens: int, dest: np.ndarray | None, size: int = -1
+                     ) -> tuple[int, int]:
+        """Check one record and copy its data into ``dest`` (inside the reader's snapshot).
+
+        ``size`` is the record's length as the index knows it: a longer zero-copy view comes
+        from a damaged database page and is not touched at all (its bytes may lie past the end
+        of the file); a shorter one is decoded and reported as what it is. Returns (header
+        copies repaired, symbols or bits the ECC corrected).
+        """
+        if size >= 0 and memoryview(rec).nbytes > size:
+            raise CorruptRecordError(f"record is {memoryview(rec).nbytes} bytes, the index "
+                                     f"says {size}")
+        dec = decode_record(rec, expect_key=key, expect_layer=layer, expect_fingerprint=fp)
+        h = dec.header
+        if h.shape != spec.block_shape(n_tokens) or h.dtype != spec.dtype:
+            raise RecordMismatchError(
+                f"record holds {h.dtype}{list(h.shape)}, expected "
+                f"{spec.dtype}{list(spec.block_shape(n_tokens))}"
+            )
+        corrected = read_block(dec, dest)
+        return dec.header_repairs, corrected
