@@ -320,10 +320,11 @@ class Engine:
             per_tier: Counter[str] = Counter()
             written = deduped = blocks = nbytes = 0
             for i, key in enumerate(keys):
-                if ix.has_chunk(txn, key):
-                    if self._index.read_chunk(txn, key) is not None:
+                try:
+                    if ix.get_chunk(txn, key) is not None:
                         deduped += 1
                         continue
+                except CorruptStoreError:
                     free_chunk(ix, txn, key, None, pending, None)  # heal a damaged entry
                 start, end = bounds[i]
                 header = RecordHeader(key=key, layer=0, fingerprint=fp,

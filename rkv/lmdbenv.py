@@ -119,6 +119,7 @@ class SharedEnv:
         self._local = threading.local()
         self._wlock = threading.RLock()
         self._lockfd: int | None = None
+        self._held = 0           # nesting depth of exclusive() in the thread holding _wlock
         self._pages_ok_at: int | None = None
 
     def _open(self, map_size: int, n_dbs: int, sync: bool) -> Any:
@@ -241,21 +242,29 @@ class SharedEnv:
         """The store's writer lock: one holder across threads (a lock) and processes (flock).
 
         Held around a whole mutation, tier writes, index commit and record deletions, so no
-        other writer can act between a commit and the deletions it planned.
+        other writer can act between a commit and the deletions it planned. Re-entrant: a
+        nested hold (a structure check inside a mutation) keeps the flock until the outermost
+        one ends; unlocking at the inner exit would let another process in mid-mutation.
         """
         self.check()
         with self._wlock:
             if self._lockfd is None:
                 self._lockfd = self._open_lockfile()
             fd = self._lockfd
-            if fd < 0:   # read-only media without a lock file: nobody can write here
-                yield
+            if fd < 0 or self._held:   # read-only media (no lock file), or already ours
+                self._held += 1
+                try:
+                    yield
+                finally:
+                    self._held -= 1
                 return
             with typed(f"locking {self.path}"):
                 fcntl.flock(fd, fcntl.LOCK_EX)
+            self._held = 1
             try:
                 yield
             finally:
+                self._held = 0
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _open_lockfile(self) -> int:

@@ -561,3 +561,29 @@ def test_cli_verify_reports_dropped_chunks_until_repaired(tmp_path: Path,
     assert main(["verify", "--repair", str(tmp_path / "s")]) == 0
     assert main(["verify", str(tmp_path / "s")]) == 0
     capsys.readouterr()
+
+
+def test_nested_hold_keeps_the_writer_lock(tmp_path: Path) -> None:
+    """A structure check inside a mutation takes the writer lock again; leaving it must not
+    release the flock that keeps other processes out of the rest of the mutation."""
+    import fcntl
+    import os
+
+    with Engine.open(tmp_path / "s", local_config(16)) as e:
+        seen: list[str] = []
+
+        def probe() -> None:
+            e._index.check()                       # a nested hold, ended inside the mutation
+            fd = os.open(e._index.env.path / "writer.lock", os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append("free")
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                seen.append("held")
+            finally:
+                os.close(fd)
+
+        e.hooks["locked"] = probe
+        e.put(toks(16), skv(toks(16)), model=SMALL)
+        assert seen == ["held"]
