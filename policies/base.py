@@ -186,6 +186,9 @@ class EvictionPolicy(ABC):
     def keys(self) -> Iterator[Hashable]:
         return iter(self._items)
 
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._items)
+
     @staticmethod
     def take(order: Iterator[Hashable], sizes: dict[Hashable, Item], need: int,
              protected: Container[Hashable]) -> list[Hashable] | None:

@@ -35,6 +35,25 @@ def _number(value: Any, name: str, *, minimum: float = 0.0, integer: bool = Fals
         raise ConfigError(f"{name} must be {kind} >= {minimum}, got {value!r}")
 
 
+def _check_policy(spec: Any, what: str, capacity: int, *, admission_only: bool = False
+                  ) -> None:
+    """A policy spec that cannot be built is a ConfigError now, not at the first put."""
+    from policies import make_admission, make_policy, split_spec
+    from policies.base import PolicyError
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"{what} must be a spec string such as 'lru', got {spec!r}")
+    try:
+        if admission_only:
+            make_admission(spec)
+        else:
+            evict, admit = split_spec(spec)
+            make_policy(evict, capacity)
+            make_admission(admit)
+    except PolicyError as exc:
+        raise ConfigError(f"{what}: bad spec {spec!r}: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class TierConfig:
     """One storage tier.
@@ -47,7 +66,10 @@ class TierConfig:
     ``"bch(m=13,t=8)"``, ``"shardrs(k=16,m=2)"``; see docs/ecc.md); ``quant`` the quantizer
     (``"none"`` keeps the values as they are, ``"kivi(bits=4)"``; see docs/quantization.md).
     ``map_bytes`` is the LMDB map, fixed for the life of the process (address space, not
-    memory: the file grows as it fills); 0 sizes it from the capacity.
+    memory: the file grows as it fills); 0 sizes it from the capacity. ``policy`` chooses
+    what leaves the tier when it is full and what may enter it then: an eviction spec from
+    ``policies`` (``"lru"``, ``"s3fifo(small=0.1)"``, ``"prefix"``), optionally with an
+    admission spec after a ``+`` (``"prefix+after(n=2)"``); see docs/policies.md.
     """
 
     name: str
@@ -62,6 +84,7 @@ class TierConfig:
     quant: str = "none"
     sync: bool = False
     map_bytes: int = 0
+    policy: str = "prefix"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -91,6 +114,7 @@ class TierConfig:
                 get_codec(self.ecc)
             except ConfigError as exc:
                 raise ConfigError(f"tier {self.name}: bad ecc {self.ecc!r}: {exc}") from exc
+        _check_policy(self.policy, f"tier {self.name}: policy", self.capacity_bytes)
         if not isinstance(self.quant, str) or not self.quant.strip():
             raise ConfigError(f"tier {self.name}: quant must be a spec such as 'kivi(bits=4)'")
         if self.quant.strip().lower() not in ("none", "fp16", "16"):
@@ -134,11 +158,14 @@ class EngineConfig:
     """Engine-wide settings.
 
     ``chunk_tokens`` fixes the key space of a store and cannot change once data is written.
-    ``on_full`` decides what happens when the last tier is full: ``evict`` least recently used
-    unpinned chunks, or ``error`` (raise :class:`~rkv.errors.TierFullError`). Upper tiers always
-    demote their least recently used chunks to the next tier.
+    ``on_full`` decides what happens when the last tier is full: ``evict`` the victims of its
+    policy, or ``error`` (raise :class:`~rkv.errors.TierFullError`). Upper tiers always
+    demote their policy's victims to the next tier.
     ``index_sync`` fsyncs the index on every commit (durable against power loss).
     ``repair`` rewrites a block whose read needed correction (header copy or ECC) in place.
+    ``promote`` decides when a chunk read from a lower tier moves to the top tier, in the
+    background: ``"never"``, ``"all"`` (every such read) or ``"after(n=2)"`` (from its n-th
+    read on).
     """
 
     chunk_tokens: int = 256
@@ -147,6 +174,7 @@ class EngineConfig:
     store_partial_chunks: bool = True
     index_sync: bool = False
     repair: bool = True
+    promote: str = "after(n=2)"
 
     def __post_init__(self) -> None:
         _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
@@ -166,6 +194,8 @@ class EngineConfig:
         for name in ("store_partial_chunks", "index_sync", "repair"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool")
+        if self.promote != "never":
+            _check_policy(self.promote, "promote", 1, admission_only=True)
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:

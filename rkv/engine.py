@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -10,8 +9,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -19,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from rkv.blockcodec import codec_for, encode_block, quantizer_for, record_size
+from policies.base import Reason
+from rkv.blockcodec import codec_for, quantizer_for
 from rkv.config import EngineConfig
+from rkv.decisions import Decisions, free_chunk
 from rkv.errors import (
     ConfigError,
     CorruptStoreError,
@@ -30,12 +31,10 @@ from rkv.errors import (
     StoreClosedError,
     StoreError,
 )
-from rkv.eviction import Evictor, free_chunk
-from rkv.index import ChunkMeta, Index
+from rkv.index import Index
 from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
 from rkv.readpath import ReadPath
-from rkv.record import RecordHeader
 from rkv.results import (
     CORRECTED,
     MISSING,
@@ -43,6 +42,7 @@ from rkv.results import (
     UNCORRECTABLE,
     BlockStatus,
     GetResult,
+    PrefetchResult,
     PutResult,
     VerifyReport,
 )
@@ -57,24 +57,13 @@ from rkv.store import (
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
 from rkv.tiers import LmdbTier, Tier, open_tier
 from rkv.txn import Hooks, Mutator, Pending
+from rkv.writepath import PutPlan, write_chunks
 
 log = logging.getLogger("rkv")
 _TOUCH_FLUSH = 4096
 
 __all__ = ["CORRECTED", "MISSING", "OK", "UNCORRECTABLE", "BlockStatus", "Engine",
-           "GetResult", "PutResult", "VerifyReport", "memory_dir"]
-
-
-class _Scratch:
-    """A reusable, growable uint8 buffer (records are encoded into it one at a time)."""
-
-    def __init__(self) -> None:
-        self._buf = np.empty(0, dtype=np.uint8)
-
-    def __call__(self, n: int) -> np.ndarray:
-        if self._buf.size < n:
-            self._buf = np.empty(n, dtype=np.uint8)
-        return self._buf[:n]
+           "GetResult", "PrefetchResult", "PutResult", "VerifyReport", "memory_dir"]
 
 
 class Engine:
@@ -99,10 +88,14 @@ class Engine:
         #: Test hooks of the mutation protocol (see :mod:`rkv.txn`).
         self.hooks: Hooks = {}
         self._mutator = Mutator(index.env, tiers, self.hooks)
-        self._evictor = Evictor(index, tiers, config, self._codecs)
+        self._decide = Decisions(index, tiers, config, self._codecs)
         self._reads = ReadPath(index, tiers)
+        self._last_at = 0
         self.dropped_at_open = 0
+        #: The index format this open upgraded from (None: it was current).
+        self.migrated_from: int | None = None
         self._log: Any = None
+        self._worker: Any = None
 
     # -- opening and closing ------------------------------------------------------------------
     @classmethod
@@ -202,6 +195,8 @@ class Engine:
         if self._closed:
             return
         if os.getpid() == self._pid:
+            if self._worker is not None:
+                self._worker.shutdown(wait=True, cancel_futures=True)
             try:
                 if self._touched and not self.readonly:
                     self._mutate(lambda txn, pending: None)
@@ -255,7 +250,22 @@ class Engine:
             raise ReadOnlyStoreError(f"{self.root} is open read-only")
         with self._lock:
             touched, self._touched = self._touched, {}
-        return self._mutator.run(fn, before=lambda txn: self._flush_touches(txn, touched))
+        decide = self._decide
+
+        def body(txn: Any, pending: Pending) -> Any:
+            decide.begin(txn)
+            out = fn(txn, pending)
+            decide.end(txn)
+            return out
+
+        try:
+            result = self._mutator.run(body,
+                                       before=lambda txn: self._flush_touches(txn, touched))
+        except BaseException:
+            decide.invalidate()
+            raise
+        decide.committed()
+        return result
 
     def _flush_touches(self, txn: Any, touched: dict[bytes, int]) -> None:
         for key, at in touched.items():
@@ -264,12 +274,15 @@ class Engine:
                 self._index.put_chunk(txn, key, meta.with_(at=at), meta)
 
     def _touch(self, keys: list[bytes]) -> None:
+        """Record access times, strictly increasing in call and key order (so policies
+        rebuilt from them see the accesses in the order they happened)."""
         if self.readonly:
             return
-        now = time.time_ns()
         with self._lock:
-            for k in keys:
-                self._touched[k] = now
+            now = max(time.time_ns(), self._last_at + 1)
+            for i, k in enumerate(keys):
+                self._touched[k] = now + i
+            self._last_at = now + len(keys)
             flush = len(self._touched) >= _TOUCH_FLUSH
         if flush:
             self._mutate(lambda txn, pending: None)
@@ -298,91 +311,26 @@ class Engine:
             return PutResult(0, 0, 0, 0, 0, 0)
         if self.readonly:
             raise ReadOnlyStoreError(f"{self.root} is open read-only")
-        bounds = chunk_bounds(len(toks), self.config.chunk_tokens)[: len(keys)]
-        ix = self._index
-        with ix.env.read() as txn:
+        with self._index.env.read() as txn:
             metas, _ = self._reads.stored(txn, keys)
         if len(metas) == len(keys) and metas[-1].end:
+            self._decide.used(keys, time.time())
             self._touch(keys)
             with self._lock:
                 self._counters["puts"] += 1
                 self._counters["chunks_deduped"] += len(keys)
             return PutResult(len(toks), len(keys), 0, len(keys), 0, 0)
-        spec_json = json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode()
-        scratch = _Scratch()
-
-        def fn(txn: Any, pending: Pending) -> PutResult:
-            ix.put_model(txn, fp, spec_json)
-            usage = ix.usage(txn)
-            now = time.time_ns()
-            protect = set(keys)
-            stats: Counter[str] = Counter()
-            per_tier: Counter[str] = Counter()
-            written = deduped = blocks = nbytes = 0
-            for i, key in enumerate(keys):
-                try:
-                    if ix.get_chunk(txn, key) is not None:
-                        deduped += 1
-                        continue
-                except CorruptStoreError:
-                    free_chunk(ix, txn, key, None, pending, None)  # heal a damaged entry
-                start, end = bounds[i]
-                header = RecordHeader(key=key, layer=0, fingerprint=fp,
-                                      shape=spec.block_shape(end - start), dtype=spec.dtype,
-                                      data_len=0, payload_len=0)
-                data_bytes = arr[0, :, start:end].nbytes
-
-                def chunk_size(tier: str, header: RecordHeader = header,
-                               data_bytes: int = data_bytes) -> int:
-                    return record_size(header, data_bytes, self._codecs[tier],
-                                       self._quant_for(tier, header)) * spec.n_layers
-
-                tier = self._evictor.place(txn, usage, chunk_size, protect, pending, stats)
-                codec = self._codecs[tier]
-                quant = self._quant_for(tier, header)
-                rec_size = chunk_size(tier) // spec.n_layers
-                for layer in range(spec.n_layers):
-                    # Encoded at write time (raw blocks into one reused buffer: LMDB copies
-                    # each record, so no block needs a buffer of its own).
-                    pending.write(tier, block_key(key, layer), partial(
-                        encode_block, replace(header, layer=layer),
-                        arr[layer, :, start:end], codec, scratch, quant), rec_size)
-                meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
-                                 fingerprint=fp,
-                                 blocks=tuple((tier, rec_size) for _ in range(spec.n_layers)),
-                                 at=now)
-                ix.put_chunk(txn, key, meta, None)
-                usage.add(tier, spec.n_layers, rec_size * spec.n_layers)
-                written += 1
-                blocks += spec.n_layers
-                nbytes += rec_size * spec.n_layers
-                per_tier[tier] += 1
-            lmeta = self._index.read_chunk(txn, keys[-1])
-            if lmeta is not None and not lmeta.end:
-                ix.put_chunk(txn, keys[-1], lmeta.with_(end=True), lmeta)
-            ix.set_usage(txn, usage)
-            return PutResult(len(toks), len(keys), written, deduped, blocks, nbytes,
-                             stats["evicted"], stats["demoted"], dict(per_tier))
-
-        result: PutResult = self._mutate(fn)
+        plan = PutPlan(keys, chunk_bounds(len(toks), self.config.chunk_tokens)[: len(keys)],
+                       spec, fp, arr, len(toks))
+        result: PutResult = self._mutate(partial(write_chunks, self, plan))
         self._touch(keys)
         with self._lock:
             c = self._counters
             c["puts"] += 1
             for name in ("chunks_written", "chunks_deduped", "blocks_written", "bytes_written",
-                         "evicted_chunks", "demoted_chunks"):
+                         "evicted_chunks", "demoted_chunks", "chunks_refused"):
                 c[name] += getattr(result, name)
         return result
-
-    def _quant_for(self, tier: str, header: RecordHeader) -> Any:
-        """The tier's quantizer, unless it would not shrink this block (a short tail chunk,
-        whose per-group metadata outweighs its values): then the values are stored as
-        they are. Every record says which way it went."""
-        quant = self._quants[tier]
-        if quant is None:
-            return None
-        raw = int(np.prod(header.shape)) * numpy_dtype(header.dtype).itemsize
-        return quant if quant.encoded_size(header.shape, header.dtype) < raw else None
 
     # -- the read path ------------------------------------------------------------------------
     def lookup(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
@@ -425,7 +373,12 @@ class Engine:
                     f"out must be a writeable {dtype} numpy array shaped {want} (or longer "
                     "along tokens)"
                 )
-        statuses, done = self._reads.read_chunks(keys, metas, fp, spec, out, strict)
+        reading = keys[: len(metas)]
+        self._decide.reading(reading, +1)
+        try:
+            statuses, done = self._reads.read_chunks(keys, metas, fp, spec, out, strict)
+        finally:
+            self._decide.reading(reading, -1)
         if damaged is not None and done == stored:
             if strict:
                 raise damaged
@@ -438,6 +391,8 @@ class Engine:
             if fixes:
                 self._repair(fixes)
         self._touch(keys[: len(metas)])
+        if not self.readonly:
+            self._served(keys, metas, done)
         with self._lock:
             c = self._counters
             c["gets"] += 1
@@ -447,6 +402,76 @@ class Engine:
                 c[f"blocks_{st.status}"] += 1
         kv = out if out.shape[2] == done else out[:, :, :done]
         return GetResult(done, to_output(kv, spec.dtype, as_torch), statuses, stored)
+
+    def _served(self, keys: list[bytes], metas: list[Any], done: int) -> None:
+        """Tell the policies what a get served; queue read promotions of chunks found below
+        the top tier (the promotion policy decides in the background)."""
+        n = tokens = 0
+        for m in metas:
+            if tokens + m.n_tokens > done:
+                break
+            tokens += m.n_tokens
+            n += 1
+        if not n:
+            return
+        self._decide.served(keys[:n], time.time())
+        if self.config.promote == "never":
+            return
+        top = self._order[0]
+        low = [k for k, m in zip(keys[:n], metas[:n], strict=True)
+               if any(t != top for t in m.tiers())]
+        if low:
+            self._background(self._promote, low, top, True)
+
+    def prefetch(self, tokens: Any, *, model: ModelSpec | dict[str, Any],
+                 tier: str | None = None) -> Future[PrefetchResult]:
+        """Move the stored prefix of ``tokens`` up into ``tier`` (default: the top tier) in
+        the background, e.g. for a request waiting in a scheduler's queue.
+
+        Returns a :class:`concurrent.futures.Future`: ``.result(timeout)`` waits and gives a
+        :class:`PrefetchResult` (or raises the typed error that stopped it). Room is made in
+        ``tier`` by its policy, never at the expense of pinned or in-flight chunks or of the
+        prefix itself. Chunks already there or above stay where they are.
+        """
+        _, _, _, keys = self._prepare(tokens, model)
+        name = tier or self._order[0]
+        if name not in self._tiers:
+            raise ConfigError(f"no tier named {name!r} (tiers: {self._order})")
+        if self.readonly:
+            raise ReadOnlyStoreError(f"{self.root} is open read-only")
+        with self._index.env.read() as txn:
+            metas, _ = self._reads.stored(txn, keys)
+        return self._background(self._promote, keys[: len(metas)], name, False)
+
+    def _background(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        with self._lock:
+            self._check()
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(1, thread_name_prefix="rkv-promote")
+            future: Future[Any] = self._worker.submit(fn, *args)
+            return future
+
+    def settle(self, timeout: float | None = None) -> None:
+        """Wait until the background promotions and prefetches queued so far are done."""
+        with self._lock:
+            worker = self._worker
+        if worker is not None:
+            worker.submit(lambda: None).result(timeout)
+
+    def _promote(self, keys: list[bytes], tier: str, from_read: bool) -> PrefetchResult:
+        from rkv.upkeep import promote
+
+        try:
+            res: PrefetchResult = self._mutate(
+                lambda txn, pending: promote(self, txn, pending, keys, tier, from_read))
+        except RkvError as exc:
+            if not from_read:
+                raise
+            log.warning("read promotion skipped: %s", exc)
+            return PrefetchResult(tier, len(keys), 0, 0, len(keys))
+        with self._lock:
+            self._counters["promoted_chunks"] += res.promoted
+        return res
 
     # -- control ------------------------------------------------------------------------------
     def pin(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
@@ -503,6 +528,7 @@ class Engine:
                         or ix.has_kids(txn, key)):
                     break
                 free_chunk(ix, txn, key, meta, pending, usage)
+                self._decide.removed(key, Reason.DELETED)
                 freed += 1
             ix.set_usage(txn, usage)
             return freed
@@ -527,6 +553,7 @@ class Engine:
                                 break
                             pending.drop(name, block_key(k, layer))
                 free_chunk(ix, txn, k, m, pending, None)
+                self._decide.removed(k, Reason.DELETED)
             if fp is None:
                 ix.clear(txn)
             else:
@@ -591,6 +618,7 @@ class Engine:
         from rkv.upkeep import verify
 
         self._check()
+        self.settle()
         if repair and self.readonly:
             raise ReadOnlyStoreError(f"{self.root} is open read-only: cannot repair")
         return verify(self, progress, repair)

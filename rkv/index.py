@@ -5,16 +5,19 @@ One LMDB environment at ``<store>/index`` with named databases:
 * ``chunks``: chunk key (32 bytes) -> :class:`ChunkMeta` as JSON;
 * ``kids``: ``parent key | child key`` -> empty, so a chunk's children can be listed (and a
   chunk is a leaf when it has none);
-* ``lru``: ``tier name | 0x00 | last access (u64 ns, big-endian) | chunk key`` -> empty, one
-  entry per (tier, chunk) so the least recently used chunks of a tier come first in a scan;
+* ``lru``: unused since format 3 (format 2 kept an access-ordered row per chunk and tier here;
+  eviction order now belongs to the policies of :mod:`rkv.decisions`, rebuilt from
+  ``ChunkMeta.at``), emptied on upgrade;
 * ``models``: fingerprint (16 bytes) -> the :class:`~rkv.model.ModelSpec` as JSON;
 * ``meta``: ``format``, ``config`` (the engine config), ``tiers`` (store ids of the tiers this
-  index was written against), ``store`` (the store's id) and ``usage`` (blocks and bytes per
-  tier, recomputable from ``chunks`` by :meth:`Index.recount_usage`).
+  index was written against), ``store`` (the store's id), ``usage`` (blocks and bytes per
+  tier, recomputable from ``chunks`` by :meth:`Index.recount_usage`) and ``gen`` (a counter
+  every mutation bumps, so a process can tell that another one changed the index).
 
 Format 2 seals every value of ``chunks``, ``models`` and ``meta`` with an xxh3-64 over key and
 value, so a damaged entry reads as :class:`~rkv.errors.CorruptStoreError` instead of as other
-data. Format 1 (no seals, no ``kids``) is read and upgraded on the first writable open.
+data. Format 3 drops the ``lru`` rows. Formats 1 (no seals, no ``kids``) and 2 are read as
+they are and upgraded on the first writable open (or by ``rkv migrate``).
 
 The index is the single writer lock of the store: every mutation runs inside an index write
 transaction (and the store's writer lock, see :mod:`rkv.txn`), so no update is lost.
@@ -33,7 +36,7 @@ import xxhash
 from rkv.errors import CorruptStoreError, UnknownFormatError
 from rkv.lmdbenv import SharedEnv, acquire, release
 
-INDEX_FORMAT = 2
+INDEX_FORMAT = 3
 CHUNKS = b"chunks"
 KIDS = b"kids"
 LRU = b"lru"
@@ -93,10 +96,6 @@ class ChunkMeta:
 
     def with_(self, **changes: Any) -> ChunkMeta:
         return replace(self, **changes)
-
-
-def lru_key(tier: str, at: int, key: bytes) -> bytes:
-    return tier.encode() + b"\x00" + at.to_bytes(8, "big") + key
 
 
 def seal(key: bytes, body: bytes) -> bytes:
@@ -184,12 +183,12 @@ class Index:
         self._put(txn, self._meta, name.encode(), json.dumps(value, sort_keys=True).encode())
 
     def check_format(self, txn: Any) -> bool:
-        """True when the index exists; learns its format (1 or 2); raises on others."""
+        """True when the index exists; learns its format (1 to 3); raises on others."""
         raw = None if self._meta is None else txn.get(b"format", db=self._meta)
         if raw is None:
             return False
         raw = bytes(raw)
-        for fmt, body in ((2, raw[:-8]), (1, raw)):
+        for fmt, body in ((3, raw[:-8]), (2, raw[:-8]), (1, raw)):
             try:
                 if json.loads(body) == fmt and (fmt == 1 or seal(b"format", body) == raw):
                     self.format = fmt
@@ -198,11 +197,20 @@ class Index:
                 continue
         raise UnknownFormatError(f"index format {raw[:16]!r} is not supported (or damaged)")
 
-    def upgrade(self, txn: Any) -> None:
+    def upgrade(self, txn: Any) -> int:
+        """Bring an older index to the current format; returns the format it had."""
+        was = self.format
+        if self.format == 1:
+            self._upgrade_v1(txn)
+        if self.format == 2:
+            if self._lru is not None:
+                txn.drop(self._lru, delete=False)
+            self.format = INDEX_FORMAT
+        self.set_meta(txn, "format", INDEX_FORMAT)
+        return was
+
+    def _upgrade_v1(self, txn: Any) -> None:
         """Rewrite a format-1 index as format 2 (seals and the ``kids`` database)."""
-        if self.format >= 2:
-            return
-        self.format = 1
         self.check()
         entries = {db: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=db)]
                    for db in (self._chunks, self._models, self._meta)}
@@ -216,7 +224,6 @@ class Index:
                         txn.put(bytes.fromhex(d["p"]) + k, b"", db=self._kids)
                 self._put(txn, db, k, v)
         self.format = 2
-        self.set_meta(txn, "format", INDEX_FORMAT)
 
     def usage(self, txn: Any) -> Usage:
         try:
@@ -277,29 +284,16 @@ class Index:
         return self._chunks is not None and txn.get(key, db=self._chunks) is not None
 
     def put_chunk(self, txn: Any, key: bytes, meta: ChunkMeta, old: ChunkMeta | None) -> None:
-        if old is not None:
-            self._drop_lru(txn, key, old)
-        elif meta.parent:
+        """Write an entry (``old``: the entry it replaces, None for a new chunk)."""
+        if old is None and meta.parent:
             txn.put(meta.parent + key, b"", db=self._kids)
         self._put(txn, self._chunks, key, meta.to_json())
-        for tier in meta.tiers():
-            txn.put(lru_key(tier, meta.at, key), b"", db=self._lru)
 
     def del_chunk(self, txn: Any, key: bytes, meta: ChunkMeta | None) -> None:
-        """Remove an entry (``meta`` None for a damaged one: its LRU rows go stale and are
-        dropped when met)."""
-        if meta is not None:
-            self._drop_lru(txn, key, meta)
-            if meta.parent:
-                txn.delete(meta.parent + key, db=self._kids)
+        """Remove an entry (``meta`` None for a damaged one)."""
+        if meta is not None and meta.parent:
+            txn.delete(meta.parent + key, db=self._kids)
         txn.delete(key, db=self._chunks)
-
-    def _drop_lru(self, txn: Any, key: bytes, meta: ChunkMeta) -> None:
-        for tier in meta.tiers():
-            txn.delete(lru_key(tier, meta.at, key), db=self._lru)
-
-    def drop_lru_row(self, txn: Any, tier: str, at: int, key: bytes) -> None:
-        txn.delete(lru_key(tier, at, key), db=self._lru)
 
     def kids(self, txn: Any, key: bytes) -> list[bytes]:
         """Keys of the stored children of chunk ``key``."""
@@ -346,21 +340,6 @@ class Index:
 
     def count_chunks(self, txn: Any) -> int:
         return 0 if self._chunks is None else int(txn.stat(self._chunks)["entries"])
-
-    def lru_order(self, txn: Any, tier: str) -> Iterator[tuple[int, bytes]]:
-        """(access time, chunk key) with blocks in ``tier``, least recently used first."""
-        if self._lru is None:
-            return
-        prefix = tier.encode() + b"\x00"
-        cur = txn.cursor(db=self._lru)
-        if not cur.set_range(prefix):
-            return
-        for k in cur.iternext(values=False):
-            k = bytes(k)
-            if not k.startswith(prefix):
-                return
-            rest = k[len(prefix):]
-            yield int.from_bytes(rest[:8], "big"), rest[8:]
 
     def clear(self, txn: Any) -> None:
         for db in (self._chunks, self._kids, self._lru, self._models):

@@ -63,6 +63,22 @@ class PutResult:
     evicted_chunks: int = 0
     demoted_chunks: int = 0
     tiers: dict[str, int] = field(default_factory=dict)   # chunks written per tier
+    #: New chunks not stored: refused by every full tier's admission policy, or no room
+    #: could be made without evicting pinned, in-flight or this put's own chunks.
+    chunks_refused: int = 0
+
+
+@dataclass(frozen=True)
+class PrefetchResult:
+    """What an :meth:`Engine.prefetch` did once it finished."""
+
+    tier: str                     # where the prefix was asked to be
+    chunks: int                   # chunks of the stored prefix when the prefetch ran
+    promoted: int                 # moved up into ``tier``
+    already: int                  # were in ``tier`` or above
+    failed: int                   # could not be moved (no room, or dropped as damaged)
+    evicted_chunks: int = 0       # evicted from the last tier to make room
+    demoted_chunks: int = 0       # pushed down to make room
 
 
 @dataclass(frozen=True)

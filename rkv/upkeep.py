@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rkv.blockcodec import reencode
+from rkv.decisions import Protected, free_chunk, item_for
 from rkv.errors import (
     ConfigError,
     CorruptStoreError,
@@ -23,12 +24,18 @@ from rkv.errors import (
     RkvError,
     StoreError,
 )
-from rkv.eviction import free_chunk
 from rkv.index import INDEX_FORMAT
 from rkv.keys import block_key, split_block_key
 from rkv.model import ModelSpec
 from rkv.record import decode_record
-from rkv.results import CORRECTED, MISSING, OK, UNCORRECTABLE, VerifyReport
+from rkv.results import (
+    CORRECTED,
+    MISSING,
+    OK,
+    UNCORRECTABLE,
+    PrefetchResult,
+    VerifyReport,
+)
 from rkv.txn import Pending
 
 if TYPE_CHECKING:
@@ -40,8 +47,8 @@ log = logging.getLogger("rkv")
 def reconcile(engine: Engine, txn: Any, pending: Pending, drop_tiers: frozenset[str]) -> None:
     """Bind the index to the tiers it is opened with (runs at every writable open)."""
     ix = engine._index
-    ix.upgrade(txn)
-    ix.set_meta(txn, "format", INDEX_FORMAT)
+    was = ix.upgrade(txn)
+    engine.migrated_from = was if was != INDEX_FORMAT else None
     ix.set_meta(txn, "config", engine.config.to_dict())
     ix.set_meta(txn, "store", engine.identity.to_meta())
     try:
@@ -90,6 +97,7 @@ def reconcile(engine: Engine, txn: Any, pending: Pending, drop_tiers: frozenset[
             "at": time.time_ns(),
         })
         engine.dropped_at_open = dropped
+        engine._decide.invalidate()
         log.warning("tiers %s were wiped or removed; dropped %d chunks from the index (chunks "
                     "after them in other tiers are kept)", sorted(lost), dropped)
     ix.set_meta(txn, "tiers", {n: sid for n, sid in current.items() if n in engine._tiers})
@@ -109,6 +117,12 @@ def _is_orphan(ix: Any, txn: Any, tier: str, key: bytes) -> bool:
     except CorruptStoreError:
         return False
     return meta is None or layer >= len(meta.blocks) or meta.blocks[layer][0] != tier
+
+
+def _gone(ix: Any, key: bytes, meta: Any) -> bool:
+    with ix.env.read() as txn:
+        now = ix.read_chunk(txn, key)
+    return now is None or now.blocks != meta.blocks
 
 
 def verify(engine: Engine, progress: Callable[[int, int], None] | None,
@@ -139,6 +153,8 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
                 problems.append((key.hex(), layer, tier, "unknown or damaged model entry"))
                 continue
             st = engine._reads.check_block(key, layer, meta, spec)
+            if st.status == MISSING and _gone(ix, key, meta):
+                break   # evicted or moved by a writer since the scan: nothing to check
             counts[st.status] += 1
             if st.status == CORRECTED and repair:
                 to_repair.append((key, layer, tier))
@@ -215,6 +231,7 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
             size = memoryview(rec).nbytes
             old = meta.blocks[layer][1]
             if size != old:
+                engine._decide.invalidate()   # a policy's idea of the chunk's size changed
                 blocks = list(meta.blocks)
                 blocks[layer] = (tier, size)
                 ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
@@ -225,3 +242,41 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
         return done
 
     return int(engine._mutate(fn))
+
+
+def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier: str,
+            from_read: bool) -> PrefetchResult:
+    """Move chunks up into ``tier`` (one mutation). ``from_read``: only those the read
+    promotion policy picks; otherwise all of them (a prefetch)."""
+    from policies.base import Reason
+
+    ix, decide = engine._index, engine._decide
+    level = decide.order.index(tier)
+    usage = ix.usage(txn)
+    stats: Counter[str] = Counter()
+    protect = Protected(set(keys), decide.inflight, ix, txn)
+    now = time.time()
+    promoted = already = failed = 0
+    for key in keys:
+        meta = ix.read_chunk(txn, key)
+        if meta is None:
+            failed += 1
+            continue
+        low = sorted((t for t in meta.tiers() if t in decide.order
+                      and decide.order.index(t) > level), key=decide.order.index)
+        if not low:
+            already += 1
+            continue
+        src = low[0]
+        if from_read and not decide.want_promotion(key, item_for(key, meta, src), now):
+            continue
+        if not decide.usable(tier) or not decide.move(
+                txn, key, meta, src, tier, usage, protect, pending, stats, Reason.PROMOTED):
+            failed += 1
+            continue
+        promoted += 1
+        # Re-encoding for the faster tier may have grown the chunk: settle the overshoot.
+        decide.make_room(txn, level, 0, usage, protect, pending, stats)
+    ix.set_usage(txn, usage)
+    return PrefetchResult(tier, len(keys), promoted, already, failed, stats["evicted"],
+                          stats["demoted"])

@@ -10,13 +10,16 @@ SMALL = ModelSpec("test/small", n_layers=3, n_kv_heads=2, head_dim=4, dtype="flo
 
 
 def local_config(chunk_tokens: int = 16, caps: tuple[int, int, int] | None = None,
-                 **kw: object) -> EngineConfig:
+                 policy: str = "prefix", **kw: object) -> EngineConfig:
     """Three tiers, all inside the store directory (tests never touch /dev/shm)."""
     caps = caps or (1 << 30, 1 << 30, 1 << 30)
     tiers = (
-        TierConfig("dram", medium="memory", path="t/dram", capacity_bytes=caps[0]),
-        TierConfig("cxl", medium="memory", path="t/cxl", capacity_bytes=caps[1]),
-        TierConfig("nvme", medium="disk", path="t/nvme", capacity_bytes=caps[2]),
+        TierConfig("dram", medium="memory", path="t/dram", capacity_bytes=caps[0],
+                   policy=policy),
+        TierConfig("cxl", medium="memory", path="t/cxl", capacity_bytes=caps[1],
+                   policy=policy),
+        TierConfig("nvme", medium="disk", path="t/nvme", capacity_bytes=caps[2],
+                   policy=policy),
     )
     return EngineConfig(chunk_tokens=chunk_tokens, tiers=tiers, **kw)  # type: ignore[arg-type]
 

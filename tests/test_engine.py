@@ -193,7 +193,7 @@ def test_lru_demotion_and_eviction(store_path: Path) -> None:
     with Engine.open(store_path, local_config(16)) as e0:
         size = _chunk_bytes(e0)
     caps = (2 * size, 2 * size, 3 * size)
-    with Engine.open(store_path, local_config(16, caps)) as e:
+    with Engine.open(store_path, local_config(16, caps, policy="lru", promote="never")) as e:
         seqs = [toks(16, seed=i) for i in range(9)]
         kvs = [random_kv(SMALL, 16, seed=i) for i in range(9)]
         for s, kv in zip(seqs[:7], kvs[:7], strict=True):
@@ -201,10 +201,12 @@ def test_lru_demotion_and_eviction(store_path: Path) -> None:
         st = e.stats()
         assert [st["tiers"][n]["blocks"] // 3 for n in ("dram", "cxl", "nvme")] == [2, 2, 3]
         assert st["session"]["demoted_chunks"] >= 4
-        e.get(seqs[0], model=SMALL)             # touch the oldest: it survives the next evictions
-        e.pin(seqs[1], model=SMALL)
-        e.put(seqs[7], kvs[7], model=SMALL)
-        e.put(seqs[8], kvs[8], model=SMALL)
+        # Demotion inserts into the lower tier's LRU: nvme holds 0, 1, 2 (oldest first).
+        e.get(seqs[0], model=SMALL)             # a read keeps 0 from being the next victim
+        e.pin(seqs[1], model=SMALL)             # a pin protects 1
+        e.put(seqs[7], kvs[7], model=SMALL)     # 3 demoted into nvme, 2 evicted
+        e.get(seqs[0], model=SMALL)             # nvme LRU order: 1 (pinned), 3, 0
+        e.put(seqs[8], kvs[8], model=SMALL)     # 4 demoted into nvme, 3 evicted
         assert e.stats()["session"]["evicted_chunks"] == 2
         for i in (0, 1, 7, 8):
             got = e.get(seqs[i], model=SMALL)

@@ -173,29 +173,28 @@ def test_last_tier_full_of_prefixes_still_evicts(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_stale_lru_rows_cannot_wedge_a_put(tmp_path: Path) -> None:
-    """An LRU row that names a chunk no longer in its tier frees nothing: it is dropped,
-    never taken as a victim again and again inside the writer lock."""
-    cfg = local_config(16, caps=(CHUNK * 2, 1 << 30, 1 << 30))
+def test_a_stale_policy_entry_cannot_wedge_a_put(tmp_path: Path) -> None:
+    """A policy that names a chunk the index no longer has in that tier (changed behind its
+    back) frees nothing: the entry is forgotten, the policies are rebuilt, puts go on."""
+    cfg = local_config(16, caps=(CHUNK * 2, 1 << 30, 1 << 30), policy="lru")
     with Engine.open(tmp_path / "s", cfg) as e:
         t, u = toks(32), toks(32, seed=1)
         e.put(t, skv(t), model=SMALL)
         e.put(u, skv(u), model=SMALL)          # t is demoted to cxl
         e.pin(u, model=SMALL)                  # the only real dram chunks are pinned
         ix = e._index
-
-        def add_stale(txn: Any, pending: Any) -> None:
-            for key, meta in list(ix.chunks(txn)):
-                assert meta is not None
-                if "cxl" in meta.tiers():
-                    txn.put(b"dram\x00" + (1).to_bytes(8, "big") + key, b"", db=ix._lru)
-
-        e._mutate(add_stale)
+        stale = list(e._decide.policies["cxl"])
+        for key in stale:                      # the dram policy believes t is still there
+            e._decide.policies["dram"].on_insert(
+                e._decide.policies["cxl"].item(key), 0.0)
+        rebuilt = e._decide.rebuilds
         for s in range(3):
             v = toks(32, seed=10 + s)
             e.put(v, skv(v), model=SMALL)
             assert exact(e, v)
+        assert e._decide.rebuilds > rebuilt
         assert exact(e, t) and exact(e, u)
+        assert ix is e._index
         usage_matches_records(e)
 
 
@@ -502,7 +501,7 @@ def test_map_never_resizes_under_readers(tmp_path: Path) -> None:
 
 def test_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
     """A store written by the previous release (index format 1, memory tiers inside the
-    store): opened, upgraded to sealed format 2, read back exactly, pins kept."""
+    store): opened, upgraded to the current format, read back exactly, pins kept."""
     import tarfile
 
     with tarfile.open(Path(__file__).parent / "golden" / "store_v1.tar.gz") as tar:
@@ -511,7 +510,7 @@ def test_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "store", readonly=True) as e:   # read without upgrading
         assert all(exact(e, t) for t in seqs)
     with Engine.open(tmp_path / "store") as e:
-        assert e._index.format == 2
+        assert e._index.format == 3 and e.migrated_from == 1
         assert all(exact(e, t) for t in seqs)
         assert e.stats()["pinned_chunks"] == 3
         assert e.verify().clean

@@ -1,0 +1,140 @@
+"""The write path: a put's new chunks encoded into records, placed by the decisions module.
+
+Runs inside one mutation (:mod:`rkv.txn`): for each chunk in prefix order, a chunk already
+stored is reported to the policies as a use and skipped; a new one is reported as a miss,
+given a tier by :meth:`Decisions.place` (which may demote or evict others, never the chunks
+of this put up to it, pinned chunks or chunks being read), and its blocks are planned as
+records encoded with that tier's quantizer and ECC.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from policies.base import Item, Reason
+from rkv.blockcodec import encode_block, record_size
+from rkv.decisions import RECOMPUTE_TPS, Protected, free_chunk
+from rkv.errors import CorruptStoreError
+from rkv.index import ChunkMeta
+from rkv.keys import block_key
+from rkv.model import ModelSpec
+from rkv.record import RecordHeader
+from rkv.results import PutResult
+from rkv.tensors import numpy_dtype
+from rkv.txn import Pending
+
+if TYPE_CHECKING:
+    from rkv.engine import Engine
+
+
+class Scratch:
+    """A reusable, growable uint8 buffer (records are encoded into it one at a time)."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.uint8)
+
+    def __call__(self, n: int) -> np.ndarray:
+        if self._buf.size < n:
+            self._buf = np.empty(n, dtype=np.uint8)
+        return self._buf[:n]
+
+
+def quant_for(quant: Any, header: RecordHeader) -> Any:
+    """The tier's quantizer, unless it would not shrink this block (a short tail chunk,
+    whose per-group metadata outweighs its values): then the values are stored as they
+    are. Every record says which way it went."""
+    if quant is None:
+        return None
+    raw = int(np.prod(header.shape)) * numpy_dtype(header.dtype).itemsize
+    return quant if quant.encoded_size(header.shape, header.dtype) < raw else None
+
+
+@dataclass
+class PutPlan:
+    """One put, validated: what :func:`write_chunks` needs."""
+
+    keys: list[bytes]
+    bounds: list[tuple[int, int]]
+    spec: ModelSpec
+    fp: bytes
+    arr: np.ndarray
+    n_tokens: int
+
+
+def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> PutResult:
+    """Plan the records of ``plan``'s new chunks and their index entries (one mutation)."""
+    ix, decide = engine._index, engine._decide
+    spec, fp, keys = plan.spec, plan.fp, plan.keys
+    ix.put_model(txn, fp, json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode())
+    usage = ix.usage(txn)
+    now_ns = time.time_ns()
+    now = now_ns / 1e9
+    mine: set[bytes] = set()
+    protect = Protected(mine, decide.inflight, ix, txn)
+    stats: Counter[str] = Counter()
+    per_tier: Counter[str] = Counter()
+    written = deduped = blocks = nbytes = refused = 0
+    scratch = Scratch()
+    for i, key in enumerate(keys):
+        mine.add(key)
+        try:
+            if ix.get_chunk(txn, key) is not None:
+                deduped += 1
+                decide.seen_stored(key, now)
+                continue
+        except CorruptStoreError:
+            free_chunk(ix, txn, key, None, pending, None)  # heal a damaged entry
+            decide.removed(key, Reason.DELETED)
+        start, end = plan.bounds[i]
+        header = RecordHeader(key=key, layer=0, fingerprint=fp,
+                              shape=spec.block_shape(end - start), dtype=spec.dtype,
+                              data_len=0, payload_len=0)
+        data_bytes = plan.arr[0, :, start:end].nbytes
+
+        def chunk_size(tier: str, header: RecordHeader = header,
+                       data_bytes: int = data_bytes) -> int:
+            return record_size(header, data_bytes, engine._codecs[tier],
+                               quant_for(engine._quants[tier], header)) * spec.n_layers
+
+        item = Item(key, size=chunk_size(decide.order[0]), group=fp, depth=i,
+                    parent=keys[i - 1] if i else None,
+                    miss_cost=(end - start) / RECOMPUTE_TPS)
+        decide.missed(key, item, now)
+        tier = decide.place(txn, usage, item, chunk_size, protect, pending, stats, now)
+        if tier is None:
+            refused += 1
+            continue
+        codec = engine._codecs[tier]
+        quant = quant_for(engine._quants[tier], header)
+        rec_size = chunk_size(tier) // spec.n_layers
+        for layer in range(spec.n_layers):
+            # Encoded at write time (raw blocks into one reused buffer: LMDB copies each
+            # record, so no block needs a buffer of its own).
+            pending.write(tier, block_key(key, layer), partial(
+                encode_block, replace(header, layer=layer),
+                plan.arr[layer, :, start:end], codec, scratch, quant), rec_size)
+        meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
+                         fingerprint=fp,
+                         blocks=tuple((tier, rec_size) for _ in range(spec.n_layers)),
+                         at=now_ns)
+        ix.put_chunk(txn, key, meta, None)
+        decide.inserted(key, meta, tier, now)
+        usage.add(tier, spec.n_layers, rec_size * spec.n_layers)
+        written += 1
+        blocks += spec.n_layers
+        nbytes += rec_size * spec.n_layers
+        per_tier[tier] += 1
+    last = ix.read_chunk(txn, keys[-1])
+    if last is not None and not last.end:
+        ix.put_chunk(txn, keys[-1], last.with_(end=True), last)
+    ix.set_usage(txn, usage)
+    return PutResult(plan.n_tokens, len(keys), written, deduped, blocks, nbytes,
+                     stats["evicted"], stats["demoted"], dict(per_tier), refused)
+
