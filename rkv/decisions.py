@@ -39,7 +39,7 @@ from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Re
 from rkv.blockcodec import reencode
 from rkv.config import EngineConfig
 from rkv.errors import IntegrityError, TierFullError
-from rkv.index import ChunkMeta, Index, Usage
+from rkv.index import ChunkMeta, Index
 from rkv.keys import block_key
 from rkv.record import decode_record
 from rkv.tiers import Tier
@@ -61,17 +61,15 @@ def item_for(key: bytes, meta: ChunkMeta, tier: str) -> Item:
                 miss_cost=meta.n_tokens / RECOMPUTE_TPS)
 
 
-def free_chunk(ix: Index, txn: Any, key: bytes, meta: ChunkMeta | None, pending: Pending,
-               usage: Usage | None) -> None:
+def free_chunk(ix: Index, txn: Any, key: bytes, meta: ChunkMeta | None,
+               pending: Pending) -> None:
     """Remove one chunk from the index; its records are deleted after the commit. A damaged
     entry (``meta`` None) leaves its records as unreferenced ones for verify to reclaim."""
     ix.del_chunk(txn, key, meta)
     if meta is None:
         return
-    for layer, (tier, size) in enumerate(meta.blocks):
+    for layer, (tier, _) in enumerate(meta.blocks):
         pending.drop(tier, block_key(key, layer))
-        if usage is not None:
-            usage.add(tier, -1, -size)
 
 
 class Protected:
@@ -216,7 +214,7 @@ class Decisions:
             tier.ensure_checked()      # once per process, under the writer lock
         return tier.state != "damaged"
 
-    def place(self, txn: Any, usage: Usage, item: Item, size: Callable[[str], int],
+    def place(self, txn: Any, item: Item, size: Callable[[str], int],
               protect: Protected, pending: Pending, stats: Counter[str], now: float
               ) -> str | None:
         """The tier a new chunk enters (``size(tier)`` bytes there), room made. None when
@@ -231,12 +229,12 @@ class Decisions:
             if need > self.caps[name]:
                 continue
             fits = True
-            if usage.bytes(name) + need > self.caps[name]:
+            if self.ix.live_usage(txn).bytes(name) + need > self.caps[name]:
                 here = Item(item.key, need, name, item.group, item.depth, item.parent,
                             item.miss_cost)
                 if not self.admission[name].admit(here, now):
                     continue
-            if self.make_room(txn, level, need, usage, protect, pending, stats):
+            if self.make_room(txn, level, need, protect, pending, stats):
                 return name
         if fits:
             return None
@@ -262,7 +260,7 @@ class Decisions:
                 return lower
         return None
 
-    def make_room(self, txn: Any, level: int, need: int, usage: Usage, protect: Protected,
+    def make_room(self, txn: Any, level: int, need: int, protect: Protected,
                   pending: Pending, stats: Counter[str]) -> bool:
         """Demote (upper tiers) or evict (the last usable tier) the policy's victims until
         ``need`` more bytes fit in tier ``level``; False when that is impossible."""
@@ -272,6 +270,7 @@ class Decisions:
             return False
         below = self._below(level)
         policy = self.policies[name]
+        usage = self.ix.live_usage(txn)    # kept current by the index as chunks come and go
         for _ in range(MAX_ROUNDS):
             if usage.bytes(name) + need <= cap:
                 return True
@@ -293,24 +292,24 @@ class Decisions:
                     self._built = False                    # and rebuild at the next begin
                     continue
                 if below is None:
-                    free_chunk(self.ix, txn, key, meta, pending, usage)
+                    free_chunk(self.ix, txn, key, meta, pending)
                     self.removed(key, Reason.EVICTED)
                     stats["evicted"] += 1
-                elif not self.move(txn, key, meta, name, self.order[below], usage,
-                                   protect, pending, stats, Reason.DEMOTED):
+                elif not self.move(txn, key, meta, name, self.order[below], protect,
+                                   pending, stats, Reason.DEMOTED):
                     return False
             if usage.bytes(name) >= before:
                 return False  # no progress: never loop on the same victims
         return usage.bytes(name) + need <= cap
 
-    def move(self, txn: Any, key: bytes, meta: ChunkMeta, src: str, dst: str, usage: Usage,
+    def move(self, txn: Any, key: bytes, meta: ChunkMeta, src: str, dst: str,
              protect: Protected, pending: Pending, stats: Counter[str], reason: Reason
              ) -> bool:
         """Move a chunk's blocks from ``src`` to ``dst`` (demotion or promotion), making room
         in ``dst`` first. A block that cannot be read drops the whole chunk."""
         level = self.order.index(dst)
-        if not self.make_room(txn, level, meta.bytes_in(src), usage, protect.plus(key),
-                              pending, stats):
+        if not self.make_room(txn, level, meta.bytes_in(src), protect.plus(key), pending,
+                              stats):
             return False
         meta = self.ix.read_chunk(txn, key) or meta   # making room may not touch it, but be sure
         blocks, moved = [], []
@@ -328,14 +327,10 @@ class Decisions:
             for bkey in moved:
                 pending.drop(dst, bkey)
             log.warning("dropping chunk %s: a block cannot be moved (%s)", key.hex()[:16], exc)
-            free_chunk(self.ix, txn, key, meta, pending, usage)
+            free_chunk(self.ix, txn, key, meta, pending)
             self.removed(key, Reason.UNCORRECTABLE)
             stats["dropped_damaged"] += 1
             return True
-        for layer, (tier, size) in enumerate(meta.blocks):
-            if tier == src:
-                usage.add(src, -1, -size)
-                usage.add(dst, 1, blocks[layer][1])
         new = meta.with_(blocks=tuple(blocks))
         self.ix.put_chunk(txn, key, new, meta)
         self.policies[src].on_remove(key, reason)

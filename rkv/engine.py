@@ -256,6 +256,7 @@ class Engine:
             decide.begin(txn)
             out = fn(txn, pending)
             decide.end(txn)
+            self._index.flush(txn)
             return out
 
         try:
@@ -517,7 +518,6 @@ class Engine:
             metas, _ = self._reads.stored(txn, keys)
             if len(metas) != len(keys):
                 return 0
-            usage = ix.usage(txn)
             last = metas[-1]
             if last.end:
                 ix.put_chunk(txn, keys[-1], last.with_(end=False), last)
@@ -527,10 +527,9 @@ class Engine:
                 if (meta is None or meta.end or (meta.pins and not force)
                         or ix.has_kids(txn, key)):
                     break
-                free_chunk(ix, txn, key, meta, pending, usage)
+                free_chunk(ix, txn, key, meta, pending)
                 self._decide.removed(key, Reason.DELETED)
                 freed += 1
-            ix.set_usage(txn, usage)
             return freed
 
         return int(self._mutate(fn))
@@ -552,7 +551,7 @@ class Engine:
                             if self._tiers[name].get(block_key(k, layer)) is None:
                                 break
                             pending.drop(name, block_key(k, layer))
-                free_chunk(ix, txn, k, m, pending, None)
+                free_chunk(ix, txn, k, m, pending)
                 self._decide.removed(k, Reason.DELETED)
             if fp is None:
                 ix.clear(txn)

@@ -140,6 +140,7 @@ class Index:
         self._models = self.env.db(MODELS)
         self._meta = self.env.db(META)
         self.format = INDEX_FORMAT
+        self._live: tuple[Any, Usage] | None = None   # the open write txn and its usage
 
     def check(self) -> None:
         """Verify the index file's structure before a scan (under the writer lock): a cursor
@@ -225,15 +226,34 @@ class Index:
                 self._put(txn, db, k, v)
         self.format = 2
 
+    # -- usage: kept by the index itself -----------------------------------------------------
     def usage(self, txn: Any) -> Usage:
+        """Blocks and bytes per tier as of ``txn``, including this write transaction's own
+        changes (:meth:`put_chunk` and :meth:`del_chunk` account for them)."""
+        if self._live is not None and self._live[0] is txn:
+            return self._live[1]
         try:
             raw = self.get_meta(txn, "usage") or {}
             return Usage({str(t): [int(b), int(n)] for t, (b, n) in raw.items()})
         except (CorruptStoreError, ValueError, TypeError, AttributeError):
             return self.recount_usage(txn)   # derived data: rebuild rather than fail
 
+    def live_usage(self, txn: Any) -> Usage:
+        """The usage a write transaction changes as it goes (writers only: under the
+        store's writer lock, one write transaction at a time)."""
+        if self._live is None or self._live[0] is not txn:
+            self._live = (txn, self.usage(txn))
+        return self._live[1]
+
     def set_usage(self, txn: Any, usage: Usage) -> None:
-        self.set_meta(txn, "usage", usage.tiers)
+        """Replace the accounting (a recount); written at :meth:`flush`."""
+        self._live = (txn, usage)
+
+    def flush(self, txn: Any) -> None:
+        """Write this transaction's usage (the end of every mutation, before the commit)."""
+        if self._live is not None and self._live[0] is txn:
+            self.set_meta(txn, "usage", self._live[1].tiers)
+        self._live = None
 
     def recount_usage(self, txn: Any) -> Usage:
         """Usage recomputed from the chunk entries (readable ones)."""
@@ -284,15 +304,28 @@ class Index:
         return self._chunks is not None and txn.get(key, db=self._chunks) is not None
 
     def put_chunk(self, txn: Any, key: bytes, meta: ChunkMeta, old: ChunkMeta | None) -> None:
-        """Write an entry (``old``: the entry it replaces, None for a new chunk)."""
+        """Write an entry (``old``: the entry it replaces, None for a new chunk); the
+        usage follows the change of its blocks."""
+        usage = self.live_usage(txn)
         if old is None and meta.parent:
             txn.put(meta.parent + key, b"", db=self._kids)
+        if old is not None and old.blocks != meta.blocks:
+            for tier, size in old.blocks:
+                usage.add(tier, -1, -size)
+        if old is None or old.blocks != meta.blocks:
+            for tier, size in meta.blocks:
+                usage.add(tier, 1, size)
         self._put(txn, self._chunks, key, meta.to_json())
 
     def del_chunk(self, txn: Any, key: bytes, meta: ChunkMeta | None) -> None:
-        """Remove an entry (``meta`` None for a damaged one)."""
-        if meta is not None and meta.parent:
-            txn.delete(meta.parent + key, db=self._kids)
+        """Remove an entry (``meta`` None for a damaged one: the usage is recounted by
+        verify's repair)."""
+        if meta is not None:
+            usage = self.live_usage(txn)
+            for tier, size in meta.blocks:
+                usage.add(tier, -1, -size)
+            if meta.parent:
+                txn.delete(meta.parent + key, db=self._kids)
         txn.delete(key, db=self._chunks)
 
     def kids(self, txn: Any, key: bytes) -> list[bytes]:

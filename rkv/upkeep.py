@@ -87,7 +87,7 @@ def reconcile(engine: Engine, txn: Any, pending: Pending, drop_tiers: frozenset[
         dropped = 0
         for key, meta in list(ix.chunks(txn)):
             if meta is not None and meta.tiers() & lost:
-                free_chunk(ix, txn, key, meta, pending, None)
+                free_chunk(ix, txn, key, meta, pending)
                 dropped += 1
         ix.set_usage(txn, ix.recount_usage(txn))
         prev = engine._index.meta_or_none(txn, "dropped") or {}
@@ -214,7 +214,6 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
     ix = engine._index
 
     def fn(txn: Any, pending: Pending) -> int:
-        usage = ix.usage(txn)
         done = 0
         for key, layer, tier in items:
             try:
@@ -235,10 +234,8 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
                 blocks = list(meta.blocks)
                 blocks[layer] = (tier, size)
                 ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
-                usage.add(tier, 0, size - old)
             pending.write(tier, bkey, rec, size)
             done += 1
-        ix.set_usage(txn, usage)
         return done
 
     return int(engine._mutate(fn))
@@ -252,7 +249,6 @@ def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier:
 
     ix, decide = engine._index, engine._decide
     level = decide.order.index(tier)
-    usage = ix.usage(txn)
     stats: Counter[str] = Counter()
     protect = Protected(set(keys), decide.inflight, ix, txn)
     now = time.time()
@@ -271,12 +267,11 @@ def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier:
         if from_read and not decide.want_promotion(key, item_for(key, meta, src), now):
             continue
         if not decide.usable(tier) or not decide.move(
-                txn, key, meta, src, tier, usage, protect, pending, stats, Reason.PROMOTED):
+                txn, key, meta, src, tier, protect, pending, stats, Reason.PROMOTED):
             failed += 1
             continue
         promoted += 1
         # Re-encoding for the faster tier may have grown the chunk: settle the overshoot.
-        decide.make_room(txn, level, 0, usage, protect, pending, stats)
-    ix.set_usage(txn, usage)
+        decide.make_room(txn, level, 0, protect, pending, stats)
     return PrefetchResult(tier, len(keys), promoted, already, failed, stats["evicted"],
                           stats["demoted"])

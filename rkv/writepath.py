@@ -73,7 +73,6 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     ix, decide = engine._index, engine._decide
     spec, fp, keys = plan.spec, plan.fp, plan.keys
     ix.put_model(txn, fp, json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode())
-    usage = ix.usage(txn)
     now_ns = time.time_ns()
     now = now_ns / 1e9
     mine: set[bytes] = set()
@@ -90,7 +89,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                 decide.seen_stored(key, now)
                 continue
         except CorruptStoreError:
-            free_chunk(ix, txn, key, None, pending, None)  # heal a damaged entry
+            free_chunk(ix, txn, key, None, pending)  # heal a damaged entry
             decide.removed(key, Reason.DELETED)
         start, end = plan.bounds[i]
         header = RecordHeader(key=key, layer=0, fingerprint=fp,
@@ -107,7 +106,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                     parent=keys[i - 1] if i else None,
                     miss_cost=(end - start) / RECOMPUTE_TPS)
         decide.missed(key, item, now)
-        tier = decide.place(txn, usage, item, chunk_size, protect, pending, stats, now)
+        tier = decide.place(txn, item, chunk_size, protect, pending, stats, now)
         if tier is None:
             refused += 1
             continue
@@ -126,7 +125,6 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                          at=now_ns)
         ix.put_chunk(txn, key, meta, None)
         decide.inserted(key, meta, tier, now)
-        usage.add(tier, spec.n_layers, rec_size * spec.n_layers)
         written += 1
         blocks += spec.n_layers
         nbytes += rec_size * spec.n_layers
@@ -134,7 +132,6 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     last = ix.read_chunk(txn, keys[-1])
     if last is not None and not last.end:
         ix.put_chunk(txn, keys[-1], last.with_(end=True), last)
-    ix.set_usage(txn, usage)
     return PutResult(plan.n_tokens, len(keys), written, deduped, blocks, nbytes,
                      stats["evicted"], stats["demoted"], dict(per_tier), refused)
 
