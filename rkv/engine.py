@@ -9,7 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -18,13 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import Reason
 from rkv.blockcodec import codec_for, quantizer_for
 from rkv.config import EngineConfig
-from rkv.decisions import Decisions, free_chunk
+from rkv.decisions import Decisions
 from rkv.errors import (
     ConfigError,
-    CorruptStoreError,
     ReadOnlyStoreError,
     RkvError,
     ShapeError,
@@ -32,8 +30,9 @@ from rkv.errors import (
     StoreError,
 )
 from rkv.index import Index
-from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
+from rkv.keys import as_token_array, chunk_bounds, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
+from rkv.promotion import Promotions
 from rkv.readpath import ReadPath
 from rkv.results import (
     CORRECTED,
@@ -51,13 +50,14 @@ from rkv.store import (
     identify,
     memory_dir,
     remove_outside,
+    resolve_config,
     resolve_tier_path,
     store_id_at,
 )
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
 from rkv.tiers import LmdbTier, Tier, open_tier
 from rkv.txn import Hooks, Mutator, Pending
-from rkv.writepath import PutPlan, write_chunks
+from rkv.writepath import PutPlan, clear_chunks, delete_chunks, write_chunks
 
 log = logging.getLogger("rkv")
 _TOUCH_FLUSH = 4096
@@ -95,7 +95,7 @@ class Engine:
         #: The index format this open upgraded from (None: it was current).
         self.migrated_from: int | None = None
         self._log: Any = None
-        self._worker: Any = None
+        self._promotions = Promotions(self)
 
     # -- opening and closing ------------------------------------------------------------------
     @classmethod
@@ -125,7 +125,7 @@ class Engine:
             cleanup.callback(index.close)
             with index.env.read() as txn:
                 exists = index.check_format(txn)
-                config = cls._config(index, txn, config, root) if exists else config
+                config = resolve_config(index, txn, config, root) if exists else config
                 stored_identity = index.meta_or_none(txn, "store") if exists else None
             if not exists and readonly:
                 raise StoreError(f"{root} is not an rkv store (empty index)")
@@ -157,26 +157,6 @@ class Engine:
             cleanup.pop_all()
         return engine
 
-    @staticmethod
-    def _config(index: Index, txn: Any, config: EngineConfig | None,
-                root: Path) -> EngineConfig:
-        try:
-            stored = index.get_meta(txn, "config")
-            stored_cfg = EngineConfig.from_dict(stored) if stored is not None else None
-        except (CorruptStoreError, ConfigError) as exc:
-            if config is None:
-                raise CorruptStoreError(f"the stored config of {root} is damaged ({exc}); open "
-                                        "it with an explicit config to rewrite it") from exc
-            return config
-        if stored_cfg is None:
-            return config or EngineConfig()
-        if config is None:
-            return stored_cfg
-        if config.chunk_tokens != stored_cfg.chunk_tokens:
-            raise ConfigError(f"store {root} uses chunk_tokens={stored_cfg.chunk_tokens}; "
-                              f"cannot reopen it with {config.chunk_tokens}")
-        return config
-
     @classmethod
     def destroy(cls, path: str | os.PathLike[str]) -> None:
         """Delete the store at ``path``, including tiers kept outside it (memory tiers)."""
@@ -195,8 +175,7 @@ class Engine:
         if self._closed:
             return
         if os.getpid() == self._pid:
-            if self._worker is not None:
-                self._worker.shutdown(wait=True, cancel_futures=True)
+            self._promotions.shutdown()
             try:
                 if self._touched and not self.readonly:
                     self._mutate(lambda txn, pending: None)
@@ -393,7 +372,7 @@ class Engine:
                 self._repair(fixes)
         self._touch(keys[: len(metas)])
         if not self.readonly:
-            self._served(keys, metas, done)
+            self._promotions.after_read(keys, metas, done)
         with self._lock:
             c = self._counters
             c["gets"] += 1
@@ -403,26 +382,6 @@ class Engine:
                 c[f"blocks_{st.status}"] += 1
         kv = out if out.shape[2] == done else out[:, :, :done]
         return GetResult(done, to_output(kv, spec.dtype, as_torch), statuses, stored)
-
-    def _served(self, keys: list[bytes], metas: list[Any], done: int) -> None:
-        """Tell the policies what a get served; queue read promotions of chunks found below
-        the top tier (the promotion policy decides in the background)."""
-        n = tokens = 0
-        for m in metas:
-            if tokens + m.n_tokens > done:
-                break
-            tokens += m.n_tokens
-            n += 1
-        if not n:
-            return
-        self._decide.served(keys[:n], time.time())
-        if self.config.promote == "never":
-            return
-        top = self._order[0]
-        low = [k for k, m in zip(keys[:n], metas[:n], strict=True)
-               if any(t != top for t in m.tiers())]
-        if low:
-            self._background(self._promote, low, top, True)
 
     def prefetch(self, tokens: Any, *, model: ModelSpec | dict[str, Any],
                  tier: str | None = None) -> Future[PrefetchResult]:
@@ -442,37 +401,18 @@ class Engine:
             raise ReadOnlyStoreError(f"{self.root} is open read-only")
         with self._index.env.read() as txn:
             metas, _ = self._reads.stored(txn, keys)
-        return self._background(self._promote, keys[: len(metas)], name, False)
-
-    def _background(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        with self._lock:
-            self._check()
-            if self._worker is None:
-                self._worker = ThreadPoolExecutor(1, thread_name_prefix="rkv-promote")
-            future: Future[Any] = self._worker.submit(fn, *args)
-            return future
+        moves = self._promotions
+        future: Future[PrefetchResult] = moves.submit(moves.run, keys[: len(metas)], name, False)
+        return future
 
     def settle(self, timeout: float | None = None) -> None:
         """Wait until the background promotions and prefetches queued so far are done."""
-        with self._lock:
-            worker = self._worker
-        if worker is not None:
-            worker.submit(lambda: None).result(timeout)
+        self._promotions.settle(timeout)
 
-    def _promote(self, keys: list[bytes], tier: str, from_read: bool) -> PrefetchResult:
-        from rkv.upkeep import promote
-
-        try:
-            res: PrefetchResult = self._mutate(
-                lambda txn, pending: promote(self, txn, pending, keys, tier, from_read))
-        except RkvError as exc:
-            if not from_read:
-                raise
-            log.warning("read promotion skipped: %s", exc)
-            return PrefetchResult(tier, len(keys), 0, 0, len(keys))
+    def _count(self, **counts: int) -> None:
         with self._lock:
-            self._counters["promoted_chunks"] += res.promoted
-        return res
+            for name, n in counts.items():
+                self._counters[name] += n
 
     # -- control ------------------------------------------------------------------------------
     def pin(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
@@ -512,98 +452,24 @@ class Engine:
         _, _, _, keys = self._prepare(tokens, model)
         if not keys:
             return 0
-
-        def fn(txn: Any, pending: Pending) -> int:
-            ix = self._index
-            metas, _ = self._reads.stored(txn, keys)
-            if len(metas) != len(keys):
-                return 0
-            last = metas[-1]
-            if last.end:
-                ix.put_chunk(txn, keys[-1], last.with_(end=False), last)
-            freed = 0
-            for key in reversed(keys):
-                meta = ix.get_chunk(txn, key)
-                if (meta is None or meta.end or (meta.pins and not force)
-                        or ix.has_kids(txn, key)):
-                    break
-                free_chunk(ix, txn, key, meta, pending)
-                self._decide.removed(key, Reason.DELETED)
-                freed += 1
-            return freed
-
-        return int(self._mutate(fn))
+        return int(self._mutate(partial(delete_chunks, self, keys, force)))
 
     def clear(self, *, model: ModelSpec | dict[str, Any] | None = None) -> int:
         """Remove everything (or every chunk of one model), records included, under the
         writer lock. Returns chunks removed."""
         self._check()
         fp = None if model is None else as_model_spec(model).fingerprint()
-
-        def fn(txn: Any, pending: Pending) -> int:
-            ix = self._index
-            victims = [(k, m) for k, m in ix.chunks(txn)
-                       if fp is None or (m is not None and m.fingerprint == fp)]
-            for k, m in victims:
-                if m is None:   # a damaged entry: its blocks may be in any tier
-                    for name in self._tiers:
-                        for layer in range(1 << 16):
-                            if self._tiers[name].get(block_key(k, layer)) is None:
-                                break
-                            pending.drop(name, block_key(k, layer))
-                free_chunk(ix, txn, k, m, pending)
-                self._decide.removed(k, Reason.DELETED)
-            if fp is None:
-                ix.clear(txn)
-            else:
-                ix.set_usage(txn, ix.recount_usage(txn))
-            return len(victims)
-
-        return int(self._mutate(fn))
+        return int(self._mutate(partial(clear_chunks, self, fp)))
 
     # -- inspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Store contents, tier usage and this session's counters."""
+        from rkv.upkeep import stats
+
         self._check()
-        ix = self._index
-        chunks = pinned = tokens = unreadable = shared = 0
-        with ix.env.read() as txn:
-            usage = ix.usage(txn)
-            models = ix.models(txn)
-            kids = ix.kid_counts(txn)
-            for key, m in ix.chunks(txn):
-                chunks += 1
-                if m is None:
-                    unreadable += 1
-                    continue
-                pinned += m.pins > 0
-                tokens += m.n_tokens
-                shared += kids.get(key, 0) + int(m.end) > 1
-        tiers = {}
-        for name in self._order:
-            tc = self.config.tier(name)
-            tiers[name] = {
-                "medium": tc.medium, "blocks": usage.blocks(name), "bytes": usage.bytes(name),
-                "capacity_bytes": tc.capacity_bytes, "fault_model": tc.fault_model,
-                "ecc": tc.ecc, **self._tiers[name].stats(),
-            }
         with self._lock:
             session = dict(self._counters)
-        return {
-            "path": str(self.root),
-            "store_id": self.identity.id,
-            "readonly": self.readonly,
-            "chunk_tokens": self.config.chunk_tokens,
-            "chunks": chunks,
-            "unreadable_chunks": unreadable,
-            "tokens": tokens,
-            "pinned_chunks": pinned,
-            "shared_chunks": shared,
-            "models": [{"fingerprint": fp.hex(), **(spec or {"damaged": True})}
-                       for fp, spec in models.items()],
-            "tiers": tiers,
-            "session": session,
-        }
+        return stats(self, session)
 
     def verify(self, *, progress: Callable[[int, int], None] | None = None,
                repair: bool = False) -> VerifyReport:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rkv.config import TierConfig
-from rkv.errors import RkvError
+from rkv.config import EngineConfig, TierConfig
+from rkv.errors import ConfigError, CorruptStoreError, RkvError
 from rkv.index import Index
 
 
@@ -131,3 +131,25 @@ def store_id_at(path: Path) -> str | None:
         return None
     finally:
         ix.close()
+
+
+def resolve_config(index: Index, txn: Any, config: EngineConfig | None,
+                   root: Path) -> EngineConfig:
+    """The config an existing store opens with: the stored one unless ``config`` is given
+    (``chunk_tokens`` may not change); a damaged stored config needs an explicit one."""
+    try:
+        stored = index.get_meta(txn, "config")
+        stored_cfg = EngineConfig.from_dict(stored) if stored is not None else None
+    except (CorruptStoreError, ConfigError) as exc:
+        if config is None:
+            raise CorruptStoreError(f"the stored config of {root} is damaged ({exc}); open "
+                                    "it with an explicit config to rewrite it") from exc
+        return config
+    if stored_cfg is None:
+        return config or EngineConfig()
+    if config is None:
+        return stored_cfg
+    if config.chunk_tokens != stored_cfg.chunk_tokens:
+        raise ConfigError(f"store {root} uses chunk_tokens={stored_cfg.chunk_tokens}; "
+                          f"cannot reopen it with {config.chunk_tokens}")
+    return config

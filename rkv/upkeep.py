@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rkv.blockcodec import reencode
-from rkv.decisions import Protected, free_chunk, item_for
+from rkv.decisions import free_chunk
 from rkv.errors import (
     ConfigError,
     CorruptStoreError,
@@ -33,7 +33,6 @@ from rkv.results import (
     MISSING,
     OK,
     UNCORRECTABLE,
-    PrefetchResult,
     VerifyReport,
 )
 from rkv.txn import Pending
@@ -241,37 +240,42 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
     return int(engine._mutate(fn))
 
 
-def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier: str,
-            from_read: bool) -> PrefetchResult:
-    """Move chunks up into ``tier`` (one mutation). ``from_read``: only those the read
-    promotion policy picks; otherwise all of them (a prefetch)."""
-    from policies.base import Reason
-
-    ix, decide = engine._index, engine._decide
-    level = decide.order.index(tier)
-    stats: Counter[str] = Counter()
-    protect = Protected(set(keys), decide.inflight, ix, txn)
-    now = time.time()
-    promoted = already = failed = 0
-    for key in keys:
-        meta = ix.read_chunk(txn, key)
-        if meta is None:
-            failed += 1
-            continue
-        low = sorted((t for t in meta.tiers() if t in decide.order
-                      and decide.order.index(t) > level), key=decide.order.index)
-        if not low:
-            already += 1
-            continue
-        src = low[0]
-        if from_read and not decide.want_promotion(key, item_for(key, meta, src), now):
-            continue
-        if not decide.usable(tier) or not decide.move(
-                txn, key, meta, src, tier, protect, pending, stats, Reason.PROMOTED):
-            failed += 1
-            continue
-        promoted += 1
-        # Re-encoding for the faster tier may have grown the chunk: settle the overshoot.
-        decide.make_room(txn, level, 0, protect, pending, stats)
-    return PrefetchResult(tier, len(keys), promoted, already, failed, stats["evicted"],
-                          stats["demoted"])
+def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
+    """Store contents, tier usage and ``session`` counters (see :meth:`Engine.stats`)."""
+    ix = engine._index
+    chunks = pinned = tokens = unreadable = shared = 0
+    with ix.env.read() as txn:
+        usage = ix.usage(txn)
+        models = ix.models(txn)
+        kids = ix.kid_counts(txn)
+        for key, m in ix.chunks(txn):
+            chunks += 1
+            if m is None:
+                unreadable += 1
+                continue
+            pinned += m.pins > 0
+            tokens += m.n_tokens
+            shared += kids.get(key, 0) + int(m.end) > 1
+    tiers = {}
+    for name in engine._order:
+        tc = engine.config.tier(name)
+        tiers[name] = {
+            "medium": tc.medium, "blocks": usage.blocks(name), "bytes": usage.bytes(name),
+            "capacity_bytes": tc.capacity_bytes, "fault_model": tc.fault_model,
+            "ecc": tc.ecc, **engine._tiers[name].stats(),
+        }
+    return {
+        "path": str(engine.root),
+        "store_id": engine.identity.id,
+        "readonly": engine.readonly,
+        "chunk_tokens": engine.config.chunk_tokens,
+        "chunks": chunks,
+        "unreadable_chunks": unreadable,
+        "tokens": tokens,
+        "pinned_chunks": pinned,
+        "shared_chunks": shared,
+        "models": [{"fingerprint": fp.hex(), **(spec or {"damaged": True})}
+                   for fp, spec in models.items()],
+        "tiers": tiers,
+        "session": session,
+    }

@@ -135,3 +135,45 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     return PutResult(plan.n_tokens, len(keys), written, deduped, blocks, nbytes,
                      stats["evicted"], stats["demoted"], dict(per_tier), refused)
 
+
+
+def delete_chunks(engine: Engine, keys: list[bytes], force: bool, txn: Any,
+                  pending: Pending) -> int:
+    """Free the chunks of a stored sequence that nothing else needs, from its end."""
+    ix = engine._index
+    metas, _ = engine._reads.stored(txn, keys)
+    if len(metas) != len(keys):
+        return 0
+    last = metas[-1]
+    if last.end:
+        ix.put_chunk(txn, keys[-1], last.with_(end=False), last)
+    freed = 0
+    for key in reversed(keys):
+        meta = ix.get_chunk(txn, key)
+        if meta is None or meta.end or (meta.pins and not force) or ix.has_kids(txn, key):
+            break
+        free_chunk(ix, txn, key, meta, pending)
+        engine._decide.removed(key, Reason.DELETED)
+        freed += 1
+    return freed
+
+
+def clear_chunks(engine: Engine, fp: bytes | None, txn: Any, pending: Pending) -> int:
+    """Remove every chunk (of model ``fp``, or all), records included."""
+    ix = engine._index
+    victims = [(k, m) for k, m in ix.chunks(txn)
+               if fp is None or (m is not None and m.fingerprint == fp)]
+    for k, m in victims:
+        if m is None:   # a damaged entry: its blocks may be in any tier
+            for name, tier in engine._tiers.items():
+                for layer in range(1 << 16):
+                    if tier.get(block_key(k, layer)) is None:
+                        break
+                    pending.drop(name, block_key(k, layer))
+        free_chunk(ix, txn, k, m, pending)
+        engine._decide.removed(k, Reason.DELETED)
+    if fp is None:
+        ix.clear(txn)
+    else:
+        ix.set_usage(txn, ix.recount_usage(txn))
+    return len(victims)

@@ -65,7 +65,8 @@ def sequences() -> list[np.ndarray]:
 
 
 def config() -> EngineConfig:
-    return local_config(CHUNK, caps=CAPS)
+    # No read promotions: the check below wants intact tiers untouched by background moves.
+    return local_config(CHUNK, caps=CAPS, promote="never")
 
 
 def build_store(path: Path) -> dict[str, int]:

@@ -1,0 +1,131 @@
+"""Moving chunks up the tiers in the background: read promotions and prefetches.
+
+One worker thread per engine runs them, in the order asked, each as one mutation (so they
+take the writer lock like any put). A read that found chunks below the top tier queues them;
+the engine's promotion policy (``EngineConfig.promote``, e.g. ``"after(n=2)"``) decides
+inside the mutation which move, from the hits the policies have been told about. A prefetch
+moves a whole stored prefix without asking. A failed read promotion is logged and dropped
+(the read already succeeded); a failed prefetch raises from its future.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from policies.base import Reason
+from rkv.decisions import Protected, item_for
+from rkv.errors import RkvError
+from rkv.index import ChunkMeta
+from rkv.results import PrefetchResult
+from rkv.txn import Pending
+
+if TYPE_CHECKING:
+    from rkv.engine import Engine
+
+log = logging.getLogger("rkv")
+
+
+class Promotions:
+    """The background mover of one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._worker: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def after_read(self, keys: list[bytes], metas: list[ChunkMeta], done: int) -> None:
+        """Tell the policies what a get served (``done`` tokens of ``metas``); queue the
+        served chunks found below the top tier for the promotion policy to judge."""
+        engine = self.engine
+        n = tokens = 0
+        for m in metas:
+            if tokens + m.n_tokens > done:
+                break
+            tokens += m.n_tokens
+            n += 1
+        if not n:
+            return
+        engine._decide.served(keys[:n], time.time())
+        if engine.config.promote == "never":
+            return
+        top = engine._decide.order[0]
+        low = [k for k, m in zip(keys[:n], metas[:n], strict=True)
+               if any(t != top for t in m.tiers())]
+        if low:
+            self.submit(self.run, low, top, True)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        with self._lock:
+            self.engine._check()
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(1, thread_name_prefix="rkv-promote")
+            future: Future[Any] = self._worker.submit(fn, *args)
+            return future
+
+    def settle(self, timeout: float | None = None) -> None:
+        """Wait until everything queued so far is done."""
+        with self._lock:
+            worker = self._worker
+        if worker is not None:
+            worker.submit(lambda: None).result(timeout)
+
+    def shutdown(self) -> None:
+        """Finish the move in progress, drop the queued ones (they were only hints)."""
+        with self._lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=True, cancel_futures=True)
+
+    def run(self, keys: list[bytes], tier: str, from_read: bool) -> PrefetchResult:
+        engine = self.engine
+        try:
+            res: PrefetchResult = engine._mutate(
+                lambda txn, pending: promote(engine, txn, pending, keys, tier, from_read))
+        except RkvError as exc:
+            if not from_read:
+                raise
+            log.warning("read promotion skipped: %s", exc)
+            return PrefetchResult(tier, len(keys), 0, 0, len(keys))
+        engine._count(promoted_chunks=res.promoted)
+        return res
+
+
+def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier: str,
+            from_read: bool) -> PrefetchResult:
+    """Move chunks up into ``tier`` (one mutation). ``from_read``: only those the read
+    promotion policy picks; otherwise all of them (a prefetch)."""
+    ix, decide = engine._index, engine._decide
+    level = decide.order.index(tier)
+    stats: Counter[str] = Counter()
+    protect = Protected(set(keys), decide.inflight, ix, txn)
+    now = time.time()
+    promoted = already = failed = 0
+    for key in keys:
+        meta = ix.read_chunk(txn, key)
+        if meta is None:
+            failed += 1
+            continue
+        low = sorted((t for t in meta.tiers() if t in decide.order
+                      and decide.order.index(t) > level), key=decide.order.index)
+        if not low:
+            already += 1
+            continue
+        src = low[0]
+        if from_read and not decide.want_promotion(key, item_for(key, meta, src), now):
+            continue
+        if not decide.usable(tier) or not decide.move(
+                txn, key, meta, src, tier, protect, pending, stats, Reason.PROMOTED):
+            failed += 1
+            continue
+        promoted += 1
+        # Re-encoding for the faster tier may have grown the chunk: settle the overshoot.
+        decide.make_room(txn, level, 0, protect, pending, stats)
+    return PrefetchResult(tier, len(keys), promoted, already, failed, stats["evicted"],
+                          stats["demoted"])
