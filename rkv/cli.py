@@ -259,39 +259,61 @@ def cmd_replay(args: argparse.Namespace) -> int:
         DEFAULT_RECOMPUTE_TPS,
         SMOLLM2_BLOCK_BYTES,
         CostModel,
-        format_table,
         parse_capacity,
-        plot,
         prepare,
-        run_replay,
+    )
+    from rkv.replay_report import (
+        describe_layout,
+        format_table,
+        parse_budget,
+        parse_layout,
+        plot,
         stderr_progress,
         to_json,
     )
+    from rkv.replay_tiers import replay_all
     from rkv.traces import read_trace
 
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be at least 1, got {args.limit}")
+    if not args.tiers and (args.promote is not None or args.prefetch_budget is not None):
+        raise ConfigError("--promote and --prefetch-budget apply to --tiers layouts")
+    if any(n < 0 for n in args.lookahead):
+        raise ConfigError(f"--lookahead must be >= 0, got {min(args.lookahead)}")
     cost = CostModel(
         block_bytes=SMOLLM2_BLOCK_BYTES if args.block_bytes is None else args.block_bytes,
         bandwidth=args.bandwidth * 1e9, latency=args.latency * 1e-6,
         recompute_tps=DEFAULT_RECOMPUTE_TPS if args.recompute_tps is None else args.recompute_tps)
-    capacities = [parse_capacity(c) for c in (args.capacity or DEFAULT_CAPACITIES)]
+    layouts = [parse_layout(t) for t in args.tiers]
+    capacities = [parse_capacity(c) for c in
+                  (args.capacity or ([] if layouts else DEFAULT_CAPACITIES))]
+    budget = None if args.prefetch_budget is None else parse_budget(args.prefetch_budget)
+    promote = args.promote or "hit"
+    if promote not in ("hit", "never"):
+        raise ConfigError(f"--promote must be hit or never, got {promote!r}")
     specs = args.policy or available()
     trace = prepare(read_trace(args.trace, args.format, args.limit), cost)
     progress = None if args.quiet or not sys.stderr.isatty() else stderr_progress
     try:
-        results = run_replay(trace, specs, capacities, cost, progress=progress,
-                             lookaheads=args.lookahead or [0])
+        results = replay_all(trace, specs, capacities, layouts, cost, progress=progress,
+                             lookaheads=args.lookahead or [0], promote=promote,
+                             prefetch_budget=budget)
     except PolicyError as exc:
         raise ConfigError(f"policy misbehaved: {exc}") from exc
+    model = (f"{args.bandwidth:g} GB/s + {args.latency:g} us per hit block, "
+             if capacities else "")
     print(f"{args.trace}: {trace.requests} requests, {len(trace.refs)} block references, "
           f"{trace.unique} unique blocks of {human_bytes(cost.block_bytes)}; TTFT modeled as "
-          f"{args.bandwidth:g} GB/s + {args.latency:g} us per hit block, "
-          f"{cost.recompute_tps:g} tokens/s recompute\n")
+          f"{model}{cost.recompute_tps:g} tokens/s recompute")
+    for lay in layouts:
+        print(describe_layout(lay, trace, cost, promote, budget))
+    print()
     print(format_table(results, markdown=args.markdown))
     if args.json:
-        doc = to_json(results, trace, cost, {"trace": str(args.trace), "format": args.format,
-                                             "limit": args.limit})
+        doc = to_json(results, trace, cost, {
+            "trace": str(args.trace), "format": args.format, "limit": args.limit,
+            "layouts": [lay.text for lay in layouts], "promote": promote,
+            "prefetch_budget": None if budget is None else budget.text})
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     if args.plot:
         plot(results, args.plot, title=f"{Path(args.trace).name}: prefix-token hit ratio")
@@ -383,11 +405,24 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--markdown", action="store_true", help="print Markdown tables")
     rep.add_argument("--lookahead", type=int, action="append", default=[], metavar="N",
                      help="also replay with a scheduler that knows the next N queued "
-                          "requests (their cached blocks are not evicted); repeatable; "
+                          "requests (their cached blocks are not evicted; with --tiers they "
+                          "are also prefetched into the top tier); repeatable; "
                           "0 = no look-ahead (default: 0)")
     rep.add_argument("--capacity", action="append", default=[], metavar="C",
                      help="cache size: a fraction of the trace's unique blocks (0.05, 5%%) or "
-                          "bytes (2GiB) (repeatable; default: 0.01 0.02 0.05 0.1 0.2)")
+                          "bytes (2GiB) (repeatable; default without --tiers: 0.01 0.02 0.05 "
+                          "0.1 0.2)")
+    rep.add_argument("--tiers", action="append", default=[], metavar="LAYOUT",
+                     help="tiers top to bottom, NAME=C[@GBPS/US],...: dram=2%%,cxl=5%%,"
+                          "nvme=20%% (dram, cxl and nvme have rkv's default bandwidth and "
+                          "latency; other names need @GBPS/US) (repeatable)")
+    rep.add_argument("--promote", default=None, metavar="hit|never",
+                     help="with --tiers: move a block hit in a lower tier to the top tier "
+                          "(hit, the default) or leave it there (never)")
+    rep.add_argument("--prefetch-budget", dest="prefetch_budget", default=None, metavar="B",
+                     help="with --tiers and --lookahead: bytes prefetched per request, as "
+                          "bytes (2GiB) or a fraction of the top tier (default 0.25; "
+                          "0: queued blocks are protected but not prefetched)")
     rep.add_argument("--block-bytes", dest="block_bytes", type=int, default=None, metavar="N",
                      help="bytes of one block (default: 11796480, 512 tokens of SmolLM2-135M "
                           "fp16 KV)")

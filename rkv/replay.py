@@ -16,24 +16,27 @@ replayed as accesses but not counted):
 * modeled TTFT per request: the hit prefix loaded from one tier (``blocks * (block_bytes /
   bandwidth + latency)``) plus the rest recomputed at ``recompute_tps`` tokens per second; the
   final forward step that produces the first token is not modeled.
+
+Several tiers (demotion, promotion, prefetch) are in :mod:`rkv.replay_tiers`; tables, JSON and
+the plot in :mod:`rkv.replay_report`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Reason
 from policies.belady import Belady, InfiniteCache, next_use_positions
 from rkv.errors import ConfigError, InputError
-from rkv.results import human_bytes
 from rkv.traces import Request
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 #: Bytes of one 512-token block of SmolLM2-135M's fp16 KV: 30 layers x (K, V) x 3 heads x 64.
 SMOLLM2_BLOCK_BYTES = 30 * 2 * 3 * 64 * 2 * 512
@@ -195,6 +198,12 @@ class Result:
     ttft_p99: float
     seconds: float                # wall time of the replay loop
     refs_per_second: float        # all references (gets and puts) per second of wall time
+    #: With several tiers (:mod:`rkv.replay_tiers`): per-tier hits and bytes moved, top first.
+    #: Empty for a one-tier :func:`simulate`.
+    tiers: tuple[TierStats, ...] = ()
+    lookahead: int = 0            # queued requests the scheduler knew
+    promote: str = ""             # several tiers: "hit" or "never"
+    prefetch_budget: int = 0      # several tiers: bytes prefetched at most per request
 
     @property
     def hit_ratio(self) -> float:
@@ -205,8 +214,43 @@ class Result:
         return self.prefix_hit_tokens / self.tokens if self.tokens else 0.0
 
     def row(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_ratio": self.hit_ratio,
+        return {**asdict(self), "tiers": [t.row() for t in self.tiers],
+                "hit_ratio": self.hit_ratio,
                 "prefix_token_hit_ratio": self.prefix_token_hit_ratio}
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One tier of a multi-tier replay. Hits count lookups (gets) only, like
+    :attr:`Result.hits`; bytes count every movement, puts included (it is traffic either way).
+    """
+
+    name: str
+    capacity_bytes: int
+    bandwidth: float              # bytes per second when loading a hit
+    latency: float                # seconds per loaded block
+    hits: int = 0                 # block hits served from this tier
+    prefix_hits: int = 0          # of which before the request's first miss (they set TTFT)
+    written: int = 0              # bytes of new (missed, recomputed) blocks stored here
+    demoted_in: int = 0           # bytes demoted here from the tier above
+    promoted_in: int = 0          # bytes promoted here on a hit below (top tier only)
+    prefetched_in: int = 0        # bytes prefetched here ahead of use (top tier only)
+    demoted_out: int = 0          # bytes demoted from here to the tier below
+    promoted_out: int = 0         # bytes promoted from here on a hit
+    prefetched_out: int = 0       # bytes prefetched from here
+    evicted: int = 0              # bytes dropped from the cache from here
+    used_at_end: int = 0          # bytes held when the trace ends
+
+    @property
+    def moved_in(self) -> int:
+        return self.demoted_in + self.promoted_in + self.prefetched_in
+
+    @property
+    def moved_out(self) -> int:
+        return self.demoted_out + self.promoted_out + self.prefetched_out
+
+    def row(self) -> dict[str, Any]:
+        return {**asdict(self), "moved_in": self.moved_in, "moved_out": self.moved_out}
 
 
 class _Either:
@@ -305,11 +349,15 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
             lead[r] = e - s if first_miss < 0 else first_miss
     seconds = time.perf_counter() - t0
     return _result(trace, cost, label or policy.name or type(policy).__name__, capacity,
-                   capacity_text, lead, hits, evictions, seconds)
+                   capacity_text, lead, hits, evictions, seconds, lookahead=lookahead)
 
 
 def _result(trace: Trace, cost: CostModel, label: str, capacity: int, capacity_text: str,
-            lead: list[int], hits: int, evictions: int, seconds: float) -> Result:
+            lead: list[int], hits: int, evictions: int, seconds: float,
+            load: NDArray[Any] | None = None, **extra: Any) -> Result:
+    """Summarize a replay. ``load``: seconds to load each counted request's hit prefix
+    (default: its blocks at the cost model's one bandwidth and latency); ``extra``: the
+    multi-tier fields of :class:`Result`."""
     import numpy as np
 
     mask = np.asarray(trace.counted, dtype=bool)
@@ -319,7 +367,9 @@ def _result(trace: Trace, cost: CostModel, label: str, capacity: int, capacity_t
     tokens = np.asarray(trace.tokens, dtype=np.int64)[mask]
     bt = np.asarray(trace.block_tokens, dtype=np.int64)[mask]
     hit_tokens = np.minimum(k * bt, tokens)
-    ttft = k * cost.load_seconds_per_block + (tokens - hit_tokens) / cost.recompute_tps
+    if load is None:
+        load = k * cost.load_seconds_per_block
+    ttft = load + (tokens - hit_tokens) / cost.recompute_tps
     if ttft.size:
         mean = float(ttft.mean())
         p50, p90, p99 = (float(x) for x in np.percentile(ttft, [50, 90, 99]))
@@ -332,7 +382,8 @@ def _result(trace: Trace, cost: CostModel, label: str, capacity: int, capacity_t
         requests=int(mask.sum()), references=int(nblocks.sum()), hits=hits,
         tokens=int(tokens.sum()), prefix_hit_tokens=int(hit_tokens.sum()),
         evictions=evictions, ttft_mean=mean, ttft_p50=p50, ttft_p90=p90, ttft_p99=p99,
-        seconds=seconds, refs_per_second=len(trace.refs) / seconds if seconds > 0 else 0.0)
+        seconds=seconds, refs_per_second=len(trace.refs) / seconds if seconds > 0 else 0.0,
+        **extra)
 
 
 def run_replay(trace: Trace, policies: Sequence[str], capacities: Sequence[Capacity],
@@ -382,114 +433,3 @@ def run_replay(trace: Trace, policies: Sequence[str], capacities: Sequence[Capac
                                    capacity_blocks=nbytes // cost.block_bytes,
                                    capacity_fraction=nbytes / total))
     return out
-
-
-# -- output ----------------------------------------------------------------------------------------
-_METRICS: list[tuple[str, Callable[[Result], float], str]] = [
-    ("prefix-token hit %", lambda r: 100 * r.prefix_token_hit_ratio, "{:.1f}"),
-    ("block hit %", lambda r: 100 * r.hit_ratio, "{:.1f}"),
-    ("TTFT mean (s)", lambda r: r.ttft_mean, "{:.2f}"),
-    ("TTFT p99 (s)", lambda r: r.ttft_p99, "{:.2f}"),
-]
-
-
-def _column(r: Result) -> str:
-    try:
-        fraction = parse_capacity(r.capacity).fraction
-    except ConfigError:
-        fraction = None
-    return f"{100 * fraction:g}%" if fraction is not None else human_bytes(r.capacity_bytes)
-
-
-def format_table(results: Sequence[Result], *, markdown: bool = False) -> str:
-    """One matrix per metric: policies down, capacities across."""
-    cols: list[str] = []
-    rows: list[str] = []
-    cell: dict[tuple[str, str], Result] = {}
-    for r in results:
-        c = _column(r)
-        if c not in cols:
-            cols.append(c)
-        if r.policy not in rows:
-            rows.append(r.policy)
-        cell[r.policy, c] = r
-    width = max([len(p) for p in rows] + [len(m[0]) for m in _METRICS])
-    blocks = []
-    for title, get, fmt in _METRICS:
-        if markdown:
-            lines = [f"| {title} | " + " | ".join(cols) + " |",
-                     "|---|" + "---:|" * len(cols)]
-            for p in rows:
-                vals = [fmt.format(get(cell[p, c])) if (p, c) in cell else "" for c in cols]
-                lines.append(f"| {p} | " + " | ".join(vals) + " |")
-        else:
-            lines = [f"{title:<{width}}  " + "  ".join(f"{c:>9}" for c in cols)]
-            for p in rows:
-                vals = [fmt.format(get(cell[p, c])) if (p, c) in cell else "" for c in cols]
-                lines.append(f"{p:<{width}}  " + "  ".join(f"{v:>9}" for v in vals))
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
-
-
-def to_json(results: Sequence[Result], trace: Trace, cost: CostModel,
-            meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        **(meta or {}),
-        "requests": trace.requests,
-        "references": len(trace.refs),
-        "unique_blocks": trace.unique,
-        "cost_model": asdict(cost),
-        "results": [r.row() for r in results],
-    }
-
-
-def plot(results: Sequence[Result], path: str | Path, title: str = "") -> None:
-    """Prefix-token hit ratio against capacity, one line per policy (PNG)."""
-    try:
-        import matplotlib
-    except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
-        raise ConfigError("--plot needs matplotlib (pip install 'matplotlib>=3.8')") from exc
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series: dict[str, list[tuple[float, float]]] = {}
-    for r in results:
-        series.setdefault(r.policy, []).append((100 * r.capacity_fraction,
-                                                100 * r.prefix_token_hit_ratio))
-    fig, ax = plt.subplots(figsize=(8.5, 4.8), dpi=120)
-    cmap = plt.get_cmap("tab20")    # distinct colours for up to 20 policies
-    colors = iter(cmap(i) for i in range(20))
-    try:
-        for name, pts in series.items():
-            pts.sort()
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            if name == BELADY:
-                ax.plot(xs, ys, "k--", marker="s", ms=4, lw=2,
-                        label="Belady MIN (offline; block-hit optimum)")
-            elif name == INFINITE:
-                ax.plot(xs, ys, ":", color="gray", lw=2, label="infinite cache")
-            else:
-                ax.plot(xs, ys, marker="o", ms=3, lw=1.3, label=name,
-                        color=next(colors, None))
-        ax.set_xscale("log")
-        ticks = sorted({x for pts in series.values() for x, _ in pts})
-        ax.set_xticks(ticks, [f"{float(f'{x:.2g}'):g}" for x in ticks])
-        ax.minorticks_off()
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("capacity (% of the trace's unique blocks, log scale)")
-        ax.set_ylabel("prefix-token hit ratio (%)")
-        ax.set_title(title or "prefix-token hit ratio vs capacity")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.tight_layout()
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fig.savefig(path)
-        except ValueError as exc:   # e.g. an extension matplotlib cannot write
-            raise ConfigError(f"cannot write the plot {path}: {exc}") from exc
-    finally:
-        plt.close(fig)
-
-
-def stderr_progress(msg: str) -> None:
-    print(f"  replaying {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,252 @@
+"""The command-line side of ``rkv replay``: tier layouts and prefetch budgets as written on the
+command line, and the output (Markdown or text matrices, JSON, the hit-ratio plot).
+
+Kept apart from the simulations (:mod:`rkv.replay`, :mod:`rkv.replay_tiers`) so that each
+module stays small.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rkv.errors import ConfigError
+from rkv.replay import BELADY, INFINITE, Capacity, CostModel, Result, Trace, parse_capacity
+from rkv.results import human_bytes
+
+
+# -- tier layouts ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TierSpec:
+    """A tier of a layout before the trace is known (its capacity may be a fraction)."""
+
+    name: str
+    capacity: Capacity
+    bandwidth: float            # bytes per second
+    latency: float              # seconds per block
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Tiers top to bottom, as written on the command line."""
+
+    text: str
+    tiers: tuple[TierSpec, ...]
+
+
+_TIER = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([^@]*?)\s*"
+                   r"(?:@\s*([^/]*?)\s*/\s*(.*?)\s*)?$")
+
+
+def parse_layout(text: str) -> Layout:
+    """``dram=2%,cxl=5%,nvme=20%``: tiers top to bottom, each ``NAME=CAPACITY`` (the capacity
+    syntax of :func:`parse_capacity`) with the read bandwidth and latency of rkv's default tier
+    of that name, or ``NAME=CAPACITY@GBPS/US`` for any name (GB/s and microseconds per block),
+    which also overrides a default tier's figures."""
+    from rkv.config import default_tiers
+
+    known = {t.name: (t.read_gbps, t.latency_us) for t in default_tiers()}
+    tiers: list[TierSpec] = []
+    for part in str(text).split(","):
+        m = _TIER.match(part)
+        if m is None or not m.group(2):
+            raise ConfigError(f"bad tier {part.strip()!r} in {text!r} (expected NAME=CAPACITY "
+                              "or NAME=CAPACITY@GBPS/US, e.g. dram=2%,cxl=5%,nvme=20%)")
+        name, cap, gbps, us = m.groups()
+        if any(t.name == name for t in tiers):
+            raise ConfigError(f"tier {name!r} appears twice in {text!r}")
+        if gbps is None:
+            if name not in known:
+                raise ConfigError(f"tier {name!r} is not a default tier ({', '.join(known)}): "
+                                  f"give its figures as {name}={cap}@GBPS/US")
+            bw, lat = known[name]
+        else:
+            bw, lat = _number(gbps, f"{name}: GB/s"), _number(us, f"{name}: microseconds")
+            if bw <= 0:
+                raise ConfigError(f"tier {name!r}: bandwidth must be > 0 GB/s, got {gbps!r}")
+        tiers.append(TierSpec(name, parse_capacity(cap), bw * 1e9, lat * 1e-6))
+    return Layout(str(text), tuple(tiers))
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"tier {what} must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def parse_budget(text: str) -> Capacity:
+    """A prefetch budget per request: bytes (``2GiB``), a fraction of the top tier (``0.25``,
+    ``25%``) or ``0`` (no prefetch; a look-ahead then only protects queued blocks)."""
+    if str(text).strip() in ("0", "0B", "0b", "0%"):
+        return Capacity(str(text), nbytes=0)
+    try:
+        return parse_capacity(text)
+    except ConfigError as exc:
+        raise ConfigError(f"bad prefetch budget {text!r} (bytes like 2GiB, a fraction of the "
+                          "top tier like 0.25 or 25%, or 0)") from exc
+
+
+def budget_bytes(budget: Capacity | None, top_capacity: int) -> int | None:
+    """``budget`` in bytes for a top tier of ``top_capacity`` bytes (None: the default)."""
+    if budget is None:
+        return None
+    if budget.nbytes is not None:
+        return budget.nbytes
+    assert budget.fraction is not None
+    return int(budget.fraction * top_capacity)
+
+
+def describe_layout(layout: Layout, trace: Trace, cost: CostModel, promote: str = "hit",
+                    budget: Capacity | None = None) -> str:
+    """One line for the command's header: each tier's size and figures, the options."""
+    caps = [t.capacity.resolve(trace, cost) for t in layout.tiers]
+    tiers = ", ".join(f"{t.name} {c // cost.block_bytes} blocks ({human_bytes(c)}) "
+                      f"{t.bandwidth / 1e9:g} GB/s + {t.latency * 1e6:g} us"
+                      for t, c in zip(layout.tiers, caps, strict=True))
+    b = budget_bytes(budget, caps[0])
+    pf = human_bytes(max(caps[0] // 4, cost.block_bytes) if b is None else b)
+    return (f"tiers {layout.text}: {tiers}; promote on {promote}; with a look-ahead, "
+            f"prefetch up to {pf} per request")
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+_METRICS: list[tuple[str, Callable[[Result], float], str]] = [
+    ("prefix-token hit %", lambda r: 100 * r.prefix_token_hit_ratio, "{:.1f}"),
+    ("block hit %", lambda r: 100 * r.hit_ratio, "{:.1f}"),
+    ("TTFT mean (s)", lambda r: r.ttft_mean, "{:.2f}"),
+    ("TTFT p50 (s)", lambda r: r.ttft_p50, "{:.2f}"),
+    ("TTFT p99 (s)", lambda r: r.ttft_p99, "{:.2f}"),
+]
+_GIB = float(1 << 30)
+
+
+def _column(r: Result) -> str:
+    """A capacity as a percentage or bytes; a tier layout (``dram=1%,nvme=20%``) as given."""
+    try:
+        fraction = parse_capacity(r.capacity).fraction
+    except ConfigError:
+        return r.capacity
+    return f"{100 * fraction:g}%" if fraction is not None else human_bytes(r.capacity_bytes)
+
+
+def _matrix(title: str, rows: list[str], cols: list[str], cell: dict[tuple[str, str], str],
+            markdown: bool) -> str:
+    if markdown:
+        lines = [f"| {title} | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        for p in rows:
+            lines.append(f"| {p} | " + " | ".join(cell.get((p, c), "") for c in cols) + " |")
+        return "\n".join(lines)
+    width = max([len(p) for p in rows] + [len(title)])
+    cw = [max(9, len(c), *(len(cell.get((p, c), "")) for p in rows)) for c in cols]
+    lines = [f"{title:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cols, cw,
+                                                                            strict=True))]
+    for p in rows:
+        vals = [cell.get((p, c), "") for c in cols]
+        lines.append(f"{p:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(vals, cw,
+                                                                                strict=True)))
+    return "\n".join(lines)
+
+
+def format_table(results: Sequence[Result], *, markdown: bool = False) -> str:
+    """One matrix per metric (policies down, capacities or tier layouts across); then, for each
+    layout of several tiers, block hits per tier and the bytes moved into and out of each."""
+    cols: list[str] = []
+    rows: list[str] = []
+    by: dict[tuple[str, str], Result] = {}
+    for r in results:
+        c = _column(r)
+        if c not in cols:
+            cols.append(c)
+        if r.policy not in rows:
+            rows.append(r.policy)
+        by[r.policy, c] = r
+    blocks = [_matrix(title, rows, cols, {k: fmt.format(get(r)) for k, r in by.items()},
+                      markdown) for title, get, fmt in _METRICS]
+    for c in cols:
+        tiered = [(p, by[p, c]) for p in rows if (p, c) in by and len(by[p, c].tiers) > 1]
+        if not tiered:
+            continue
+        names = [t.name for t in tiered[0][1].tiers]
+        hits = {(p, t.name): f"{100 * t.hits / r.references if r.references else 0:.1f}"
+                for p, r in tiered for t in r.tiers}
+        moved = {(p, t.name): f"{t.moved_in / _GIB:.0f} / {t.moved_out / _GIB:.0f}"
+                 for p, r in tiered for t in r.tiers}
+        prow = [p for p, _ in tiered]
+        blocks.append(_matrix(f"block hits % by tier, {c}", prow, names, hits, markdown))
+        blocks.append(_matrix(f"GiB moved in / out, {c}", prow, names, moved, markdown))
+    return "\n\n".join(blocks)
+
+
+def to_json(results: Sequence[Result], trace: Trace, cost: CostModel,
+            meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        **(meta or {}),
+        "requests": trace.requests,
+        "references": len(trace.refs),
+        "unique_blocks": trace.unique,
+        "cost_model": asdict(cost),
+        "results": [r.row() for r in results],
+    }
+
+
+def plot(results: Sequence[Result], path: str | Path, title: str = "") -> None:
+    """Prefix-token hit ratio against capacity, one line per policy (PNG)."""
+    try:
+        import matplotlib
+    except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
+        raise ConfigError("--plot needs matplotlib (pip install 'matplotlib>=3.8')") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in results:   # a layout of several tiers is placed at its total size
+        name = f"{r.policy} ({len(r.tiers)} tiers)" if len(r.tiers) > 1 else r.policy
+        series.setdefault(name, []).append((100 * r.capacity_fraction,
+                                            100 * r.prefix_token_hit_ratio))
+    fig, ax = plt.subplots(figsize=(8.5, 4.8), dpi=120)
+    cmap = plt.get_cmap("tab20")    # distinct colours for up to 20 policies
+    colors = iter(cmap(i) for i in range(20))
+    try:
+        for name, pts in series.items():
+            pts.sort()
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            if name == BELADY:
+                ax.plot(xs, ys, "k--", marker="s", ms=4, lw=2,
+                        label="Belady MIN (offline; block-hit optimum)")
+            elif name == INFINITE:
+                ax.plot(xs, ys, ":", color="gray", lw=2, label="infinite cache")
+            else:
+                ax.plot(xs, ys, marker="o", ms=3, lw=1.3, label=name,
+                        color=next(colors, None))
+        ax.set_xscale("log")
+        ticks = sorted({x for pts in series.values() for x, _ in pts})
+        ax.set_xticks(ticks, [f"{float(f'{x:.2g}'):g}" for x in ticks])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("capacity (% of the trace's unique blocks, log scale)")
+        ax.set_ylabel("prefix-token hit ratio (%)")
+        ax.set_title(title or "prefix-token hit ratio vs capacity")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        fig.tight_layout()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fig.savefig(path)
+        except ValueError as exc:   # e.g. an extension matplotlib cannot write
+            raise ConfigError(f"cannot write the plot {path}: {exc}") from exc
+    finally:
+        plt.close(fig)
+
+
+def stderr_progress(msg: str) -> None:
+    print(f"  replaying {msg}", file=sys.stderr, flush=True)
