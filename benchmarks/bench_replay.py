@@ -1,6 +1,7 @@
 """Replay throughput: block references per second through each policy, against a bare LRU loop.
 
     .venv/bin/python benchmarks/bench_replay.py [--trace PATH] [--capacity 0.05] [--repeat 3]
+                                                [--tiers dram=1%,cxl=4%,nvme=20%]
                                                 [--json benchmarks/results/replay.json]
 
 Replays the shared Mooncake trace (``rkv.replay.simulate``: the policy interface, the
@@ -8,8 +9,10 @@ protected set, the driver's contract checks) at one capacity for every registere
 Belady and the infinite cache, and times, in the same run, the least a Python LRU costs over
 the same references: a bare ``OrderedDict`` loop (no policy object, no protection, no checks).
 Reports the median of ``--repeat`` runs of the replay loop alone (parsing and flattening the
-trace are not timed) and each policy's speed as a fraction of the bare loop. Timings are never
-asserted anywhere.
+trace are not timed) and each policy's speed as a fraction of the bare loop. Then the same for
+every registered policy through ``rkv.replay_tiers.simulate_tiers`` on the ``--tiers`` layout
+(one policy instance per tier; demotions cascade, lower-tier hits are promoted), whose extra
+cost is the policy calls of the moves between tiers. Timings are never asserted anywhere.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 from policies import available, make_policy
 from policies.belady import Belady, InfiniteCache
 from rkv.replay import CostModel, Trace, parse_capacity, prepare, simulate
+from rkv.replay_report import Layout, parse_layout
+from rkv.replay_tiers import Tier, simulate_tiers
 from rkv.traces import read_trace
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[2]
@@ -49,6 +54,25 @@ def bare_lru(refs: list[Hashable], blocks: int) -> tuple[int, float]:
                 pop(last=False)
             cache[key] = None
     return hits, time.perf_counter() - t0
+
+
+def run_tiers(trace: Trace, layout: Layout, repeat: int) -> list[dict[str, Any]]:
+    """Median refs/s of every registered policy on ``layout`` (no look-ahead)."""
+    cost = CostModel()
+    caps = [t.capacity.resolve(trace, cost) for t in layout.tiers]
+    rows = []
+    for spec in available():
+        secs = []
+        hit_ratio = 0.0
+        for _ in range(repeat):
+            tiers = [Tier(t.name, make_policy(spec, c), c, t.bandwidth, t.latency)
+                     for t, c in zip(layout.tiers, caps, strict=True)]
+            r = simulate_tiers(trace, tiers, cost, label=spec)
+            secs.append(r.seconds)
+            hit_ratio = r.hit_ratio
+        rows.append({"policy": spec, "refs_per_second": len(trace.refs) / statistics.median(secs),
+                     "hit_ratio": hit_ratio})
+    return rows
 
 
 def run(trace: Trace, capacity: str, repeat: int, path: Path) -> dict[str, Any]:
@@ -94,6 +118,8 @@ def main() -> int:
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--capacity", default="0.05", help="fraction of unique blocks, or bytes")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tiers", default="dram=1%,cxl=4%,nvme=20%",
+                    help="a tier layout as in rkv replay --tiers ('' to skip)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     trace = prepare(read_trace(args.trace))
@@ -107,6 +133,14 @@ def main() -> int:
     for r in res["policies"]:
         print(f"{r['policy']:<10} {r['refs_per_second']:>12,.0f} {r['vs_bare_lru']:>12.2f} "
               f"{100 * r['hit_ratio']:>10.1f}%")
+    if args.tiers:
+        layout = parse_layout(args.tiers)
+        res["tiers"] = {"layout": layout.text, "policies": run_tiers(trace, layout, args.repeat)}
+        print(f"\n{layout.text} (promote on hit), median of {args.repeat}")
+        print(f"{'policy':<10} {'refs/s':>12} {'block hits':>11}")
+        for r in res["tiers"]["policies"]:
+            print(f"{r['policy']:<10} {r['refs_per_second']:>12,.0f} "
+                  f"{100 * r['hit_ratio']:>10.1f}%")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2) + "\n")
