@@ -76,6 +76,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if rep.clean else 1
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from rkv.index import INDEX_FORMAT
+
+    if not (Path(args.path).expanduser() / "index").is_dir():
+        raise InputError(f"{args.path} is not an rkv store (no index)")
+    with Engine.open(args.path, create=False) as engine:
+        was = engine.migrated_from
+    if was is None:
+        print(f"{args.path}: index format {INDEX_FORMAT} already; nothing to do")
+    else:
+        print(f"{args.path}: index format {was} -> {INDEX_FORMAT}")
+    return 0
+
+
 def cmd_destroy(args: argparse.Namespace) -> int:
     if not (Path(args.path).expanduser() / "index").is_dir():
         raise InputError(f"{args.path} is not an rkv store (no index); nothing was destroyed")
@@ -334,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--repair", action="store_true",
                      help="rewrite blocks that needed correction from their corrected data")
     ver.set_defaults(fn=cmd_verify)
+    mig = sub.add_parser("migrate", help="upgrade a store's index to the current format")
+    mig.add_argument("path")
+    mig.set_defaults(fn=cmd_migrate)
     des = sub.add_parser("destroy", help="delete a store and its tier files kept outside it")
     des.add_argument("path")
     des.add_argument("--yes", action="store_true", help="do not ask for confirmation")

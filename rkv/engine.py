@@ -55,7 +55,7 @@ from rkv.store import (
     store_id_at,
 )
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
-from rkv.tiers import LmdbTier, Tier, open_tier
+from rkv.tiers import LmdbTier, Tier, TierSpec, open_tier
 from rkv.txn import Hooks, Mutator, Pending
 from rkv.writepath import PutPlan, clear_chunks, delete_chunks, write_chunks
 
@@ -136,7 +136,8 @@ class Engine:
                             "memory-tier chunks are not shared)", root, identity.copied_from)
             tiers: dict[str, Tier] = {}
             for t in config.tiers:
-                tiers[t.name] = open_tier(t, resolve_tier_path(root, t, identity.id),
+                spec = TierSpec(t.name, t.capacity_bytes, t.map_bytes, t.sync)
+                tiers[t.name] = open_tier(spec, resolve_tier_path(root, t, identity.id),
                                            readonly)
                 cleanup.callback(tiers[t.name].close)
             index.check()                  # a damaged index: a typed error, nothing touched

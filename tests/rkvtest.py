@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import numpy as np
 
 from rkv import EngineConfig, ModelSpec, TierConfig
+from rkv.tiers import Tier
 
 SMALL = ModelSpec("test/small", n_layers=3, n_kv_heads=2, head_dim=4, dtype="float16")
 
@@ -31,3 +37,61 @@ def random_kv(spec: ModelSpec, n: int, seed: int = 0) -> np.ndarray:
     x = rng.standard_normal((spec.n_layers, 2, n, spec.n_kv_heads, spec.head_dim))
     return x.astype(numpy_dtype(spec.dtype))
 
+
+
+class HeldTier(Tier):
+    """Delegates to a tier; a read waits until ``release`` is set, so a test holds a race
+    window open deterministically. ``armed`` (when not None) limits that to the first read
+    of each key in it; ``reading`` is set when a read is being held."""
+
+    def __init__(self, inner: Tier) -> None:
+        self.inner, self.spec = inner, inner.spec
+        self.armed: set[bytes] | None = None
+        self.reading, self.release = threading.Event(), threading.Event()
+
+    @property
+    def store_id(self) -> str:
+        return self.inner.store_id
+
+    def _hold(self, key: bytes) -> None:
+        if self.armed is None or key in self.armed:
+            if self.armed is not None:
+                self.armed.discard(key)
+            self.reading.set()
+            assert self.release.wait(30)
+
+    @contextmanager
+    def _reader(self) -> Iterator[Any]:
+        with self.inner.reader() as r:
+            outer = self
+
+            class R:
+                def get(self, key: bytes) -> memoryview | None:
+                    outer._hold(key)
+                    return r.get(key)
+
+            yield R()
+
+    def reader(self) -> Any:
+        return self._reader()
+
+    def get(self, key: bytes) -> Any:
+        return self.inner.get(key)
+
+    def put_many(self, items: Any, *, reserve: int = 0) -> None:
+        self.inner.put_many(items, reserve=reserve)
+
+    def delete_many(self, keys: Any) -> int:
+        return self.inner.delete_many(keys)
+
+    def iter_keys(self) -> Iterator[bytes]:
+        return self.inner.iter_keys()
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return self.inner.stats()
+
+    def close(self) -> None:
+        self.inner.close()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rkvtest import SMALL, local_config, random_kv
+from rkvtest import SMALL, HeldTier, local_config, random_kv
 
 from policies import make_policy
 from policies.base import EvictionPolicy
@@ -22,7 +22,6 @@ from rkv.errors import ConfigError, TierFullError
 from rkv.keys import as_token_array, chunk_keys
 from rkv.replay import CostModel, prepare, simulate
 from rkv.replay_store import block_tokens, chunk_record_bytes, replay_on_store
-from rkv.tiers import Tier
 from rkv.traces import Request, read_trace
 
 SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / \
@@ -178,63 +177,6 @@ def test_a_write_by_another_engine_rebuilds_the_policies(tmp_path: Path) -> None
 
 
 # -- what the policies must never take -----------------------------------------------------------
-class HeldTier(Tier):
-    """Delegates to a tier; its first read of an armed key waits until released."""
-
-    def __init__(self, inner: Tier) -> None:
-        self.inner = inner
-        self.config = inner.config
-        self.armed: set[bytes] = set()
-        self.reading = threading.Event()
-        self.release = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def reader(self) -> Any:
-        from contextlib import contextmanager
-
-        outer = self
-
-        @contextmanager
-        def held() -> Any:
-            with outer.inner.reader() as r:
-                class R:
-                    def get(self, key: bytes) -> Any:
-                        if key in outer.armed:
-                            outer.armed.discard(key)
-                            outer.reading.set()
-                            assert outer.release.wait(30)
-                        return r.get(key)
-                yield R()
-        return held()
-
-    def get(self, key: bytes) -> Any:
-        return self.inner.get(key)
-
-    def put_many(self, items: Any, *, reserve: int = 0) -> None:
-        self.inner.put_many(items, reserve=reserve)
-
-    def delete_many(self, keys: Any) -> int:
-        return self.inner.delete_many(keys)
-
-    def iter_keys(self) -> Any:
-        return self.inner.iter_keys()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def clear(self) -> None:
-        self.inner.clear()
-
-    def stats(self) -> dict[str, Any]:
-        return self.inner.stats()
-
-    @property
-    def store_id(self) -> str:
-        return self.inner.store_id
-
-
 @pytest.mark.timeout(60)
 def test_a_chunk_being_read_is_never_evicted(tmp_path: Path) -> None:
     """A get holds its chunks in flight: a put that needs room meanwhile evicts others
@@ -249,7 +191,7 @@ def test_a_chunk_being_read_is_never_evicted(tmp_path: Path) -> None:
         held = e.wrap_tier("dram", HeldTier)
         assert isinstance(held, HeldTier)
         key = chunk_keys(as_token_array(old), as_model_spec(SMALL).fingerprint(), 16)[0]
-        held.armed.add(block_key(key, 1))
+        held.armed = {block_key(key, 1)}
         out: dict[str, Any] = {}
         reader = threading.Thread(target=lambda: out.update(r=e.get(old, model=SMALL)))
         reader.start()

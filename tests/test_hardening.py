@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from rkvtest import SMALL, local_config, random_kv
+from rkvtest import SMALL, HeldTier, local_config, random_kv
 
 from rkv import (
     ConfigError,
@@ -29,7 +28,6 @@ from rkv import (
 )
 from rkv.demo import synthetic_kv
 from rkv.keys import block_key
-from rkv.tiers import Tier, TierReader
 
 #: Bytes of one 16-token chunk of SMALL (3 layers) with no ECC, as the engine accounts it.
 CHUNK = 2661
@@ -369,58 +367,12 @@ def test_read_only_open_inspects_without_writing(tmp_path: Path) -> None:
     assert not (tmp_path / "nothing").exists()
 
 
-class _SlowTier(Tier):
-    """Delegates to a tier; its reader's first get waits until released."""
-
-    def __init__(self, inner: Tier) -> None:
-        self.inner, self.config = inner, inner.config
-        self.reading, self.release = threading.Event(), threading.Event()
-
-    @property
-    def store_id(self) -> str:
-        return self.inner.store_id
-
-    @contextmanager
-    def _reader(self) -> Iterator[TierReader]:
-        with self.inner.reader() as r:
-            outer = self
-
-            class R:
-                def get(self, key: bytes) -> memoryview | None:
-                    outer.reading.set()
-                    assert outer.release.wait(30)
-                    return r.get(key)
-
-            yield R()
-
-    def reader(self) -> Any:
-        return self._reader()
-
-    def put_many(self, items: Any, *, reserve: int = 0) -> None:
-        self.inner.put_many(items, reserve=reserve)
-
-    def delete_many(self, keys: Any) -> int:
-        return self.inner.delete_many(keys)
-
-    def iter_keys(self) -> Iterator[bytes]:
-        return self.inner.iter_keys()
-
-    def clear(self) -> None:
-        self.inner.clear()
-
-    def stats(self) -> dict[str, Any]:
-        return self.inner.stats()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 def test_close_racing_a_get_waits_for_it(tmp_path: Path) -> None:
     t = toks(16)
     e = Engine.open(tmp_path / "s", local_config(16))
     e.put(t, skv(t), model=SMALL)
-    slow = e.wrap_tier("dram", _SlowTier)
-    assert isinstance(slow, _SlowTier)
+    slow = e.wrap_tier("dram", HeldTier)
+    assert isinstance(slow, HeldTier)
     results: list[Any] = []
     g = threading.Thread(target=lambda: results.append(e.get(t, model=SMALL)))
     g.start()

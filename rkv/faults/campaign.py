@@ -49,7 +49,7 @@ from rkv.faults.reliability import RAW, Prediction, predict
 from rkv.keys import as_token_array, block_key, chunk_keys
 from rkv.model import ModelSpec
 from rkv.tensors import numpy_dtype
-from rkv.tiers import LmdbTier
+from rkv.tiers import LmdbTier, TierSpec
 
 OUTCOMES = ("clean", "masked", "corrected", "due", "sdc")
 SAMPLING = ("auto", "direct", "conditional")
@@ -251,7 +251,8 @@ class _Bench:
         tier = cfg.tier_config()
         self.root = root
         if self.raw:
-            self.tier = FaultyTier(LmdbTier(tier, root / "raw"))
+            self.tier = FaultyTier(LmdbTier(
+                TierSpec(tier.name, tier.capacity_bytes, tier.map_bytes, tier.sync), root / "raw"))
             self.engine: Engine | None = None
         else:
             ecfg = EngineConfig(chunk_tokens=cfg.chunk_tokens, tiers=(tier,), repair=False)

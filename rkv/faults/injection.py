@@ -67,7 +67,7 @@ class FaultyTier(Tier):
     def __init__(self, inner: Tier, *, seed: int = 0,
                  transient: Callable[[bytes, int], Any] | None = None) -> None:
         self.inner = inner
-        self.config = inner.config
+        self.spec = inner.spec
         self.state = inner.state
         self.damage = inner.damage
         self.rng = np.random.default_rng(seed)

@@ -1,17 +1,17 @@
-"""Storage tiers."""
+"""Storage tiers: byte stores of opaque records. Nothing here knows about codecs, models or
+policies (and nothing here imports :mod:`rkv.config`)."""
 
 from pathlib import Path
 
-from rkv.config import TierConfig
 from rkv.errors import CorruptStoreError, ReadOnlyStoreError, StoreError
-from rkv.tiers.base import Tier, TierReader
+from rkv.tiers.base import Tier, TierReader, TierSpec
 from rkv.tiers.lmdb_tier import LmdbTier
 from rkv.tiers.unavailable import UnavailableTier
 
-__all__ = ["LmdbTier", "Tier", "TierReader", "UnavailableTier", "open_tier"]
+__all__ = ["LmdbTier", "Tier", "TierReader", "TierSpec", "UnavailableTier", "open_tier"]
 
 
-def open_tier(t: TierConfig, path: Path, readonly: bool) -> Tier:
+def open_tier(t: TierSpec, path: Path, readonly: bool) -> Tier:
     """The tier's LMDB environment, or a stand-in that fails its reads when it cannot be
     opened (damaged, or missing in a read-only open)."""
     try:

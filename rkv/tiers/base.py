@@ -9,9 +9,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rkv.config import TierConfig
+
+@dataclass(frozen=True)
+class TierSpec:
+    """What a byte store needs to know about itself: a tier is a store of opaque records
+    (codecs, quantizers and policies live above it)."""
+
+    name: str
+    capacity_bytes: int
+    map_bytes: int = 0            # the LMDB map (0: sized from the capacity)
+    sync: bool = False            # fsync every commit
 
 
 class TierReader(Protocol):
@@ -23,7 +33,7 @@ class TierReader(Protocol):
 class Tier(ABC):
     """A named store of records with a capacity."""
 
-    config: TierConfig
+    spec: TierSpec
     #: What opening found: "new" (created empty now), "ok", or "damaged" (unusable as a whole).
     state: str = "ok"
     #: Why the tier is damaged, when it is.
@@ -31,7 +41,7 @@ class Tier(ABC):
 
     @property
     def name(self) -> str:
-        return self.config.name
+        return self.spec.name
 
     @property
     @abstractmethod

@@ -10,10 +10,9 @@ from typing import Any
 
 import lmdb
 
-from rkv.config import TierConfig
 from rkv.errors import CorruptStoreError, RkvError, StoreClosedError
 from rkv.lmdbenv import SharedEnv, acquire, map_bytes_for, release, translate, typed
-from rkv.tiers.base import Tier
+from rkv.tiers.base import Tier, TierSpec
 
 _BLOCKS = b"blocks"
 _META = b"meta"
@@ -42,17 +41,17 @@ class LmdbTier(Tier):
     is kept as it is, never given a new id, and reads of its blocks fail as integrity errors).
     """
 
-    def __init__(self, config: TierConfig, path: Path, *, readonly: bool = False) -> None:
-        self.config = config
+    def __init__(self, spec: TierSpec, path: Path, *, readonly: bool = False) -> None:
+        self.spec = spec
         self.path = Path(path)
         self.damage: str | None = None
         self._checked = False
         #: The store's writer lock: held while the file is verified before a scan.
         self.scan_lock: Callable[[], AbstractContextManager[Any]] = nullcontext
         self._env: SharedEnv | None = acquire(
-            self.path, map_size=config.map_bytes or map_bytes_for(config.capacity_bytes),
+            self.path, map_size=spec.map_bytes or map_bytes_for(spec.capacity_bytes),
             dbs=(_BLOCKS, _META),
-            sync=config.sync, readonly=readonly, create=not readonly,
+            sync=spec.sync, readonly=readonly, create=not readonly,
         )
         self._blocks = self._env.db(_BLOCKS)
         self._meta = self._env.db(_META)

@@ -12,9 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rkv.config import TierConfig
 from rkv.errors import CorruptStoreError, IntegrityError, MissingRecordError
-from rkv.tiers.base import Tier
+from rkv.tiers.base import Tier, TierSpec
 
 
 class _NoReader:
@@ -30,12 +29,12 @@ class UnavailableTier(Tier):
     :class:`MissingRecordError` when the tier is simply not there (``missing``: a read-only
     open of a store whose memory tier was wiped)."""
 
-    def __init__(self, config: TierConfig, path: Path, reason: str, *,
+    def __init__(self, spec: TierSpec, path: Path, reason: str, *,
                  missing: bool = False) -> None:
-        self.config = config
+        self.spec = spec
         self.path = Path(path)
         self.state = "missing" if missing else "damaged"
-        self.damage = f"tier {config.name} ({path}) cannot be opened: {reason}"
+        self.damage = f"tier {spec.name} ({path}) cannot be opened: {reason}"
 
     @property
     def store_id(self) -> str:
