@@ -292,6 +292,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise InputError(f"--limit must be at least 1, got {args.limit}")
     if not args.tiers and (args.promote is not None or args.prefetch_budget is not None):
         raise ConfigError("--promote and --prefetch-budget apply to --tiers layouts")
+    if args.store and args.tiers:
+        raise ConfigError("--store replays one tier: use --capacity, not --tiers")
     if any(n < 0 for n in args.lookahead):
         raise ConfigError(f"--lookahead must be >= 0, got {min(args.lookahead)}")
     cost = CostModel(
@@ -312,6 +314,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         results = replay_all(trace, specs, capacities, layouts, cost, progress=progress,
                              lookaheads=args.lookahead or [0], promote=promote,
                              prefetch_budget=budget)
+        if args.store:
+            from rkv.replay_store import run_on_store
+
+            results += run_on_store(trace, specs, capacities, args.store, cost,
+                                    lookaheads=args.lookahead or [0], progress=progress)
     except PolicyError as exc:
         raise ConfigError(f"policy misbehaved: {exc}") from exc
     model = (f"{args.bandwidth:g} GB/s + {args.latency:g} us per hit block, "
@@ -456,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--plot", metavar="PNG",
                      help="plot prefix-token hit ratio against capacity (needs matplotlib)")
     rep.add_argument("--quiet", action="store_true", help="no progress output")
+    rep.add_argument("--store", metavar="DIR", default=None,
+                     help="also replay every policy through real one-tier stores created "
+                          "(and destroyed) under this new directory")
     rep.set_defaults(fn=cmd_replay)
     return p
 

@@ -73,22 +73,27 @@ def free_chunk(ix: Index, txn: Any, key: bytes, meta: ChunkMeta | None,
 
 
 class Protected:
-    """``key in protected``: keys given, chunks read in flight, or pinned chunks (looked up
-    in the transaction only when a policy asks about a candidate)."""
+    """``key in protected``: keys given, chunks being read or held for a queued request by
+    this process, or pinned chunks (looked up in the transaction only when a policy asks
+    about a candidate)."""
 
-    __slots__ = ("inflight", "ix", "keys", "txn")
+    __slots__ = ("inflight", "ix", "keys", "queued", "txn")
 
-    def __init__(self, keys: set[bytes], inflight: Counter[bytes], ix: Index, txn: Any) -> None:
-        self.keys, self.inflight, self.ix, self.txn = keys, inflight, ix, txn
+    def __init__(self, keys: set[bytes], decide: Decisions, txn: Any) -> None:
+        self.keys, self.txn = keys, txn
+        self.inflight, self.queued, self.ix = decide.inflight, decide.queued, decide.ix
 
     def __contains__(self, key: object) -> bool:
-        if key in self.keys or key in self.inflight:
+        if key in self.keys or key in self.inflight or key in self.queued:
             return True
         meta = self.ix.read_chunk(self.txn, key) if isinstance(key, bytes) else None
         return meta is not None and meta.pins > 0
 
     def plus(self, key: bytes) -> Protected:
-        return Protected(self.keys | {key}, self.inflight, self.ix, self.txn)
+        new = Protected.__new__(Protected)
+        new.keys, new.txn = self.keys | {key}, self.txn
+        new.inflight, new.queued, new.ix = self.inflight, self.queued, self.ix
+        return new
 
 
 class Decisions:
@@ -110,6 +115,9 @@ class Decisions:
         self._lock = threading.Lock()
         #: Chunks being read by this process (protected from eviction and demotion).
         self.inflight: Counter[bytes] = Counter()
+        #: Chunks of requests a scheduler has queued (:meth:`Engine.prefetch`): key ->
+        #: [requests holding it, time the hold expires]. Protected until read or expired.
+        self.queued: dict[bytes, list[float]] = {}
         self.rebuilds = 0
 
     # -- staying in step with the index -------------------------------------------------------
@@ -121,6 +129,7 @@ class Decisions:
         if not self._built or gen != self._gen:
             self._rebuild(txn)
         self._next = gen + 1
+        self._expire(time.time())
         while self._events:
             key, now = self._events.popleft()
             self._hit(key, now)
@@ -181,6 +190,36 @@ class Decisions:
                     self.inflight[k] = n
                 else:
                     del self.inflight[k]
+
+    def hold(self, keys: list[bytes], until: float) -> None:
+        """A queued request will read these chunks: protect them until it does (one
+        :meth:`release` per hold) or until ``until`` (seconds since the epoch)."""
+        with self._lock:
+            for k in keys:
+                entry = self.queued.get(k)
+                if entry is None:
+                    self.queued[k] = [1.0, until]
+                else:
+                    entry[0] += 1
+                    entry[1] = max(entry[1], until)
+
+    def release(self, keys: list[bytes]) -> None:
+        """A request ran: drop one hold on each of its chunks."""
+        if not self.queued:
+            return
+        with self._lock:
+            for k in keys:
+                entry = self.queued.get(k)
+                if entry is not None:
+                    entry[0] -= 1
+                    if entry[0] <= 0:
+                        del self.queued[k]
+
+    def _expire(self, now: float) -> None:
+        if self.queued:
+            with self._lock:
+                for k in [k for k, (_, until) in self.queued.items() if until < now]:
+                    del self.queued[k]
 
     def _hit(self, key: bytes, now: float) -> None:
         for name, pol in self.policies.items():

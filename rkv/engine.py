@@ -339,6 +339,7 @@ class Engine:
         spec, fp, toks, keys = self._prepare(tokens, model)
         if self._log is not None:
             self._log.record("get", fp, keys, len(toks))
+        self._decide.release(keys)      # the request ran: its prefetch hold is over
         with self._index.env.read() as txn:
             metas, damaged = self._reads.stored(txn, keys)
         stored = sum(m.n_tokens for m in metas)
@@ -385,14 +386,18 @@ class Engine:
         return GetResult(done, to_output(kv, spec.dtype, as_torch), statuses, stored)
 
     def prefetch(self, tokens: Any, *, model: ModelSpec | dict[str, Any],
-                 tier: str | None = None) -> Future[PrefetchResult]:
-        """Move the stored prefix of ``tokens`` up into ``tier`` (default: the top tier) in
-        the background, e.g. for a request waiting in a scheduler's queue.
+                 tier: str | None = None, hold: float | None = 60.0
+                 ) -> Future[PrefetchResult]:
+        """A request for ``tokens`` is queued: move its stored prefix up into ``tier``
+        (default: the top tier) in the background, and hold its chunks.
 
+        Held chunks (all of the request's, stored now or later) are not evicted or demoted
+        until a :meth:`get` of the request reads them, or for ``hold`` seconds at most
+        (None or 0: no hold), so a scheduler's queue keeps what it is about to read.
         Returns a :class:`concurrent.futures.Future`: ``.result(timeout)`` waits and gives a
         :class:`PrefetchResult` (or raises the typed error that stopped it). Room is made in
-        ``tier`` by its policy, never at the expense of pinned or in-flight chunks or of the
-        prefix itself. Chunks already there or above stay where they are.
+        ``tier`` by its policy, never at the expense of pinned, in-flight or held chunks or
+        of the prefix itself. Chunks already there or above stay where they are.
         """
         _, _, _, keys = self._prepare(tokens, model)
         name = tier or self._order[0]
@@ -400,10 +405,18 @@ class Engine:
             raise ConfigError(f"no tier named {name!r} (tiers: {self._order})")
         if self.readonly:
             raise ReadOnlyStoreError(f"{self.root} is open read-only")
+        if hold:
+            self._decide.hold(keys, time.time() + hold)
         with self._index.env.read() as txn:
             metas, _ = self._reads.stored(txn, keys)
+        level = self._order.index(name)
+        future: Future[PrefetchResult]
+        if all(self._order.index(t) <= level for m in metas for t in m.tiers()):
+            future = Future()       # nothing to move: no background mutation
+            future.set_result(PrefetchResult(name, len(metas), 0, len(metas), 0))
+            return future
         moves = self._promotions
-        future: Future[PrefetchResult] = moves.submit(moves.run, keys[: len(metas)], name, False)
+        future = moves.submit(moves.run, keys[: len(metas)], name, False)
         return future
 
     def settle(self, timeout: float | None = None) -> None:

@@ -104,7 +104,7 @@ def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier:
     ix, decide = engine._index, engine._decide
     level = decide.order.index(tier)
     stats: Counter[str] = Counter()
-    protect = Protected(set(keys), decide.inflight, ix, txn)
+    protect = Protected(set(keys), decide, txn)
     now = time.time()
     promoted = already = failed = 0
     for key in keys:

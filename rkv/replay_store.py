@@ -16,6 +16,7 @@ make the same decisions, which the tests check.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -26,7 +27,7 @@ from policies.base import EvictionPolicy
 from rkv.config import EngineConfig, TierConfig
 from rkv.errors import ConfigError
 from rkv.model import ModelSpec
-from rkv.replay import CostModel, Result, Trace, _result
+from rkv.replay import Capacity, CostModel, Result, Trace, _result
 
 #: A tiny model: the records are real, the replay is about decisions, not bandwidth.
 REPLAY_MODEL = ModelSpec("rkv/replay", n_layers=2, n_kv_heads=1, head_dim=8, dtype="float16")
@@ -71,13 +72,15 @@ def replay_on_store(trace: Trace, path: str | Path, policy: str, capacity: int,
                     cost: CostModel | None = None, *, label: str | None = None,
                     capacity_text: str = "",
                     progress: Callable[[int, int], None] | None = None,
-                    keep: list[EvictionPolicy] | None = None) -> Result:
+                    keep: list[EvictionPolicy] | None = None, lookahead: int = 0) -> Result:
     """Replay ``trace`` through a new store at ``path`` whose one tier holds ``capacity``
     bytes' worth of the trace's blocks (``capacity // cost.block_bytes`` chunks) under
     ``policy`` (a tier policy spec, e.g. ``"lru"`` or ``"prefix+after(n=2)"``).
 
-    ``keep``, when given, receives the tier's policy object at the end (tests compare its
-    contents with the store-less replay's)."""
+    ``lookahead`` N: each request is announced to the engine with :meth:`Engine.prefetch`
+    when it joins a queue of N (so its chunks are held until its ``get``), as the store-less
+    replay's look-ahead models. ``keep``, when given, receives the tier's policy object at
+    the end (tests compare its contents with the store-less replay's)."""
     from rkv.engine import Engine
 
     cost = cost or CostModel()
@@ -91,12 +94,21 @@ def replay_on_store(trace: Trace, path: str | Path, policy: str, capacity: int,
     lead = [0] * trace.requests
     hits = evictions = 0
     t0 = time.perf_counter()
+    def tokens_of(r: int) -> np.ndarray:
+        ids = trace.refs[trace.starts[r]:trace.starts[r + 1]]
+        return np.concatenate([block_tokens(b, ct) for b in ids]) if ids else np.empty(0)
+
     with Engine.open(root, cfg) as engine:
+        joining = range(1, min(lookahead + 1, trace.requests))  # queued before the first
         for r in range(trace.requests):
+            for q in joining:
+                if len(tokens_of(q)):
+                    engine.prefetch(tokens_of(q), model=spec, hold=math.inf)
+            joining = range(r + lookahead + 1, min(r + lookahead + 2, trace.requests))
             ids = trace.refs[trace.starts[r]:trace.starts[r + 1]]
             if not ids:
                 continue
-            toks = np.concatenate([block_tokens(b, ct) for b in ids])
+            toks = tokens_of(r)
             got = engine.get(toks, model=spec)
             kv = np.concatenate([_block_kv(b, spec, ct) for b in ids], axis=2)
             put = engine.put(toks, kv, model=spec)
@@ -111,3 +123,34 @@ def replay_on_store(trace: Trace, path: str | Path, policy: str, capacity: int,
     seconds = time.perf_counter() - t0
     return _result(trace, cost, label or f"{policy} (store)", capacity, capacity_text, lead,
                    hits, evictions, seconds)
+
+
+def run_on_store(trace: Trace, specs: list[str], capacities: list[Capacity],
+                 root: str | Path, cost: CostModel | None = None, *,
+                 lookaheads: list[int] | None = None,
+                 progress: Callable[[str], None] | None = None) -> list[Result]:
+    """Every spec at every capacity and look-ahead through a new store under ``root``
+    (one store per run, destroyed after it), labelled ``spec [store]``."""
+    from rkv.engine import Engine
+
+    cost = cost or CostModel()
+    base = Path(root)
+    if base.exists() and any(base.iterdir()):
+        raise ConfigError(f"{base} exists and is not empty: --store needs a new directory")
+    out: list[Result] = []
+    run = 0
+    for spec in specs:
+        for ahead in lookaheads or [0]:
+            label = f"{spec} [store]" + (f" +queue {ahead}" if ahead else "")
+            for cap in capacities:
+                if progress is not None:
+                    progress(f"{label} at {cap.text}")
+                path = base / f"run-{run}"
+                run += 1
+                try:
+                    out.append(replay_on_store(trace, path, spec, cap.resolve(trace, cost),
+                                               cost, label=label, capacity_text=cap.text,
+                                               lookahead=ahead))
+                finally:
+                    Engine.destroy(path)
+    return out

@@ -76,7 +76,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     now_ns = time.time_ns()
     now = now_ns / 1e9
     mine: set[bytes] = set()
-    protect = Protected(mine, decide.inflight, ix, txn)
+    protect = Protected(mine, decide, txn)
     stats: Counter[str] = Counter()
     per_tier: Counter[str] = Counter()
     written = deduped = blocks = nbytes = refused = 0

@@ -5,6 +5,7 @@ promotion, and the format-2 migration."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def chain_requests(seed: int, n: int, roots: int = 4, depth: int = 6) -> list[Re
     return out
 
 
-def both(requests: list[Request], policy: str, blocks: int, tmp: Path
+def both(requests: list[Request], policy: str, blocks: int, tmp: Path, lookahead: int = 0
          ) -> tuple[Any, Any, EvictionPolicy, EvictionPolicy]:
     from policies import make_admission, split_spec
 
@@ -60,9 +61,9 @@ def both(requests: list[Request], policy: str, blocks: int, tmp: Path
     cap = blocks * cost.block_bytes
     plain = make_policy(evict, cap)
     adm = None if admit == "all" else make_admission(admit)
-    free = simulate(trace, plain, cap, cost, admission=adm)
+    free = simulate(trace, plain, cap, cost, admission=adm, lookahead=lookahead)
     kept: list[EvictionPolicy] = []
-    stored = replay_on_store(trace, tmp, policy, cap, cost, keep=kept)
+    stored = replay_on_store(trace, tmp, policy, cap, cost, keep=kept, lookahead=lookahead)
     return free, stored, plain, kept[0]
 
 
@@ -87,6 +88,20 @@ def test_engine_makes_the_same_decisions_as_the_storeless_replay(
     assert free.hits > 0 and free.evictions > 0
     by_id = {b: r.blocks[: r.blocks.index(b) + 1] for r in reqs for b in r.blocks}
     assert {chunk_key_of(list(by_id[k])) for k in plain} == set(engine_policy)
+
+
+@pytest.mark.parametrize("policy", ["lru", "prefix+after(n=2)"])
+@pytest.mark.parametrize("lookahead", [1, 4])
+def test_prefetch_holds_match_the_replay_look_ahead(tmp_path: Path, policy: str,
+                                                    lookahead: int) -> None:
+    """Announcing each request with Engine.prefetch when it joins a queue of N holds its
+    chunks until its get: the same decisions as the store-less replay's look-ahead."""
+    reqs = chain_requests(seed=lookahead, n=100)
+    free, stored, plain, engine_policy = both(reqs, policy, 6, tmp_path / "s", lookahead)
+    blind = simulate(prepare(reqs, UNIT), make_policy("lru", 6), 6, UNIT)
+    assert (stored.hits, stored.prefix_hit_tokens, stored.evictions) == \
+        (free.hits, free.prefix_hit_tokens, free.evictions)
+    assert free.evictions > 0 and free.hits != blind.hits   # the holds changed something
 
 
 @pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared Mooncake trace not present")
@@ -359,3 +374,41 @@ def test_format_2_store_is_migrated(tmp_path: Path) -> None:
             e.put(t, random_kv(SMALL, 40, seed=i), model=SMALL)
         assert e.lookup(seqs[0], model=SMALL) == 40      # pinned
         assert e.verify().clean
+
+
+def test_a_prefetch_hold_protects_until_the_get_or_expiry(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "s", one_tier(2)) as e:
+        a, b, c, d = (toks(16, seed=i) for i in range(4))
+        e.put(a, random_kv(SMALL, 16, seed=0), model=SMALL)
+        e.put(b, random_kv(SMALL, 16, seed=1), model=SMALL)
+        e.prefetch(a, model=SMALL).result(30)           # a is queued: held
+        e.put(c, random_kv(SMALL, 16, seed=2), model=SMALL)   # LRU would take a; takes b
+        assert e.lookup(a, model=SMALL) == 16 and e.lookup(b, model=SMALL) == 0
+        e.get(a, model=SMALL)                           # the request ran: hold released
+        e.prefetch(c, model=SMALL, hold=5.0).result(30)
+        e._decide._expire(time.time() + 10)             # ... and this hold ran out
+        e.put(d, random_kv(SMALL, 16, seed=3), model=SMALL)   # LRU order: c, a
+        assert e.lookup(c, model=SMALL) == 0 and e.lookup(a, model=SMALL) == 16
+        assert not e._decide.queued
+
+
+def test_cli_replay_through_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from rkv.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    lines = [{"timestamp": i, "input_length": 512 * len(r.blocks), "output_length": 1,
+              "hash_ids": [hash(b) % 10**6 for b in r.blocks]}
+             for i, r in enumerate(chain_requests(3, 60))]
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "r.json"
+    assert main(["replay", str(trace), "--policy", "lru", "--capacity", "20%", "--lookahead",
+                 "2", "--store", str(tmp_path / "runs"), "--json", str(out), "--quiet"]) == 0
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["lru [store] +queue 2"]["hits"] == rows["lru +queue 2"]["hits"] > 0
+    assert list((tmp_path / "runs").iterdir()) == []       # each run's store is destroyed
+    capsys.readouterr()
+    assert main(["replay", str(trace), "--store", str(tmp_path / "runs2"), "--tiers",
+                 "dram=10%,nvme=50%"]) == 2
+    assert "--store replays one tier" in capsys.readouterr().err
