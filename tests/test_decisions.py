@@ -102,6 +102,8 @@ def test_prefetch_holds_match_the_replay_look_ahead(tmp_path: Path, policy: str,
     assert (stored.hits, stored.prefix_hit_tokens, stored.evictions) == \
         (free.hits, free.prefix_hit_tokens, free.evictions)
     assert free.evictions > 0 and free.hits != blind.hits   # the holds changed something
+    by_id = {b: r.blocks[: r.blocks.index(b) + 1] for r in reqs for b in r.blocks}
+    assert {chunk_key_of(list(by_id[k])) for k in plain} == set(engine_policy)
 
 
 @pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared Mooncake trace not present")
