@@ -52,6 +52,8 @@ MAX_ROUNDS = 256
 RECOMPUTE_TPS = 530.0
 #: Chunks a read reported that the next put will not report again (bounded memory).
 _REPORTED = 1 << 16
+#: Access times kept in memory before a mutation writes them to the index.
+TOUCH_FLUSH = 4096
 
 
 def item_for(key: bytes, meta: ChunkMeta, tier: str) -> Item:
@@ -119,6 +121,9 @@ class Decisions:
         #: [requests holding it, time the hold expires]. Protected until read or expired.
         self.queued: dict[bytes, list[float]] = {}
         self.rebuilds = 0
+        #: Access times (ns) not yet written to the index, and the last one handed out.
+        self.touched: dict[bytes, int] = {}
+        self._last_at = 0
 
     # -- staying in step with the index -------------------------------------------------------
     def begin(self, txn: Any) -> None:
@@ -190,6 +195,30 @@ class Decisions:
                     self.inflight[k] = n
                 else:
                     del self.inflight[k]
+
+    # -- access times: what a rebuild orders the policies by ---------------------------------
+    def touch(self, keys: list[bytes]) -> bool:
+        """Record access times, strictly increasing in call and key order (so policies
+        rebuilt from them see the accesses in the order they happened). True when enough
+        are pending that a mutation should write them."""
+        with self._lock:
+            now = max(time.time_ns(), self._last_at + 1)
+            for i, k in enumerate(keys):
+                self.touched[k] = now + i
+            self._last_at = now + len(keys)
+            return len(self.touched) >= TOUCH_FLUSH
+
+    def take_touches(self) -> dict[bytes, int]:
+        with self._lock:
+            touched, self.touched = self.touched, {}
+        return touched
+
+    def write_touches(self, txn: Any, touched: dict[bytes, int]) -> None:
+        """Write access times into the chunks' index entries (first thing in a mutation)."""
+        for key, at in touched.items():
+            meta = self.ix.read_chunk(txn, key)
+            if meta is not None and at > meta.at:
+                self.ix.put_chunk(txn, key, meta.with_(at=at), meta)
 
     def hold(self, keys: list[bytes], until: float) -> None:
         """A queued request will read these chunks: protect them until it does (one

@@ -60,7 +60,6 @@ from rkv.txn import Hooks, Mutator, Pending
 from rkv.writepath import PutPlan, clear_chunks, delete_chunks, write_chunks
 
 log = logging.getLogger("rkv")
-_TOUCH_FLUSH = 4096
 
 __all__ = ["CORRECTED", "MISSING", "OK", "UNCORRECTABLE", "BlockStatus", "Engine",
            "GetResult", "PrefetchResult", "PutResult", "VerifyReport", "memory_dir"]
@@ -83,14 +82,12 @@ class Engine:
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.RLock()
-        self._touched: dict[bytes, int] = {}
         self._counters: Counter[str] = Counter()
         #: Test hooks of the mutation protocol (see :mod:`rkv.txn`).
         self.hooks: Hooks = {}
         self._mutator = Mutator(index.env, tiers, self.hooks)
         self._decide = Decisions(index, tiers, config, self._codecs)
         self._reads = ReadPath(index, tiers)
-        self._last_at = 0
         self.dropped_at_open = 0
         #: The index format this open upgraded from (None: it was current).
         self.migrated_from: int | None = None
@@ -178,7 +175,7 @@ class Engine:
         if os.getpid() == self._pid:
             self._promotions.shutdown()
             try:
-                if self._touched and not self.readonly:
+                if self._decide.touched and not self.readonly:
                     self._mutate(lambda txn, pending: None)
             except RkvError as exc:
                 log.warning("access times not saved at close: %s", exc)
@@ -228,9 +225,8 @@ class Engine:
         self._check()
         if self.readonly:
             raise ReadOnlyStoreError(f"{self.root} is open read-only")
-        with self._lock:
-            touched, self._touched = self._touched, {}
         decide = self._decide
+        touched = decide.take_touches()
 
         def body(txn: Any, pending: Pending) -> Any:
             decide.begin(txn)
@@ -240,33 +236,17 @@ class Engine:
             return out
 
         try:
-            result = self._mutator.run(body,
-                                       before=lambda txn: self._flush_touches(txn, touched))
+            result = self._mutator.run(
+                body, before=lambda txn: decide.write_touches(txn, touched))
         except BaseException:
             decide.invalidate()
             raise
         decide.committed()
         return result
 
-    def _flush_touches(self, txn: Any, touched: dict[bytes, int]) -> None:
-        for key, at in touched.items():
-            meta = self._index.read_chunk(txn, key)
-            if meta is not None and at > meta.at:
-                self._index.put_chunk(txn, key, meta.with_(at=at), meta)
-
     def _touch(self, keys: list[bytes]) -> None:
-        """Record access times, strictly increasing in call and key order (so policies
-        rebuilt from them see the accesses in the order they happened)."""
-        if self.readonly:
-            return
-        with self._lock:
-            now = max(time.time_ns(), self._last_at + 1)
-            for i, k in enumerate(keys):
-                self._touched[k] = now + i
-            self._last_at = now + len(keys)
-            flush = len(self._touched) >= _TOUCH_FLUSH
-        if flush:
-            self._mutate(lambda txn, pending: None)
+        if not self.readonly and self._decide.touch(keys):
+            self._mutate(lambda txn, pending: None)   # many access times: write them now
 
     def _prepare(self, tokens: Any, model: ModelSpec | dict[str, Any]
                  ) -> tuple[ModelSpec, bytes, np.ndarray, list[bytes]]:
