@@ -17,6 +17,7 @@ from policies.registry import available, make_policy, parse_spec, register
 # Built-in policies register themselves on import.
 from policies import arc, fifo, gdsf, lfu, lru, prefix, s3fifo, sieve, slru  # noqa: F401  isort: skip
 from policies.admission import AdmitAfter, AdmitAll, make_admission, split_spec
+from policies.prefetch import QueueOrder, ShallowFirst, available_prefetch, make_prefetch
 
 __all__ = [
     "AdmissionPolicy",
@@ -26,10 +27,14 @@ __all__ = [
     "Item",
     "PolicyError",
     "PrefetchPolicy",
+    "QueueOrder",
     "Reason",
+    "ShallowFirst",
     "available",
+    "available_prefetch",
     "make_admission",
     "make_policy",
+    "make_prefetch",
     "parse_spec",
     "register",
     "split_spec",

@@ -290,8 +290,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be at least 1, got {args.limit}")
-    if not args.tiers and (args.promote is not None or args.prefetch_budget is not None):
-        raise ConfigError("--promote and --prefetch-budget apply to --tiers layouts")
+    if not args.tiers and (args.promote or args.prefetch_budget or args.prefetch_policy):
+        raise ConfigError("--promote and --prefetch-* apply to --tiers layouts")
     if args.store and args.tiers:
         raise ConfigError("--store replays one tier: use --capacity, not --tiers")
     if any(n < 0 for n in args.lookahead):
@@ -313,7 +313,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         results = replay_all(trace, specs, capacities, layouts, cost, progress=progress,
                              lookaheads=args.lookahead or [0], promote=promote,
-                             prefetch_budget=budget)
+                             prefetch_budget=budget,
+                             prefetch_policy=args.prefetch_policy or "queue")
         if args.store:
             from rkv.replay_store import run_on_store
 
@@ -443,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--promote", default=None, metavar="hit|never",
                      help="with --tiers: move a block hit in a lower tier to the top tier "
                           "(hit, the default) or leave it there (never)")
+    rep.add_argument("--prefetch-policy", dest="prefetch_policy", default=None,
+                     metavar="SPEC", help="which queued blocks a budget moves: queue "
+                     "(default) or shallow")
     rep.add_argument("--prefetch-budget", dest="prefetch_budget", default=None, metavar="B",
                      help="with --tiers and --lookahead: bytes prefetched per request, as "
                           "bytes (2GiB) or a fraction of the top tier (default 0.25; "

@@ -35,17 +35,18 @@ def _number(value: Any, name: str, *, minimum: float = 0.0, integer: bool = Fals
         raise ConfigError(f"{name} must be {kind} >= {minimum}, got {value!r}")
 
 
-def _check_policy(spec: Any, what: str, capacity: int, *, admission_only: bool = False
-                  ) -> None:
+def _check_policy(spec: Any, what: str, capacity: int, *, kind: str = "eviction") -> None:
     """A policy spec that cannot be built is a ConfigError now, not at the first put."""
-    from policies import make_admission, make_policy, split_spec
+    from policies import make_admission, make_policy, make_prefetch, split_spec
     from policies.base import PolicyError
 
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"{what} must be a spec string such as 'lru', got {spec!r}")
     try:
-        if admission_only:
+        if kind == "admission":
             make_admission(spec)
+        elif kind == "prefetch":
+            make_prefetch(spec)
         else:
             evict, admit = split_spec(spec)
             make_policy(evict, capacity)
@@ -165,7 +166,8 @@ class EngineConfig:
     ``repair`` rewrites a block whose read needed correction (header copy or ECC) in place.
     ``promote`` decides when a chunk read from a lower tier moves to the top tier, in the
     background: ``"never"``, ``"all"`` (every such read) or ``"after(n=2)"`` (from its n-th
-    read on).
+    read on). ``prefetch`` orders what :meth:`Engine.prefetch` moves when its budget does
+    not cover everything: ``"queue"`` or ``"shallow"`` (see docs/policies.md).
     """
 
     chunk_tokens: int = 256
@@ -175,6 +177,7 @@ class EngineConfig:
     index_sync: bool = False
     repair: bool = True
     promote: str = "after(n=2)"
+    prefetch: str = "queue"
 
     def __post_init__(self) -> None:
         _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
@@ -195,7 +198,8 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool")
         if self.promote != "never":
-            _check_policy(self.promote, "promote", 1, admission_only=True)
+            _check_policy(self.promote, "promote", 1, kind="admission")
+        _check_policy(self.prefetch, "prefetch", 1, kind="prefetch")
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:

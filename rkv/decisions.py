@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from policies import make_admission, make_policy, split_spec
+from policies import make_admission, make_policy, make_prefetch, split_spec
 from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Reason
 from rkv.blockcodec import reencode
 from rkv.config import EngineConfig
@@ -109,6 +109,8 @@ class Decisions:
         self.policies: dict[str, EvictionPolicy] = {}
         self.admission: dict[str, AdmissionPolicy] = {}
         self.promoter: AdmissionPolicy | None = None
+        #: Orders what a prefetch moves when its budget does not cover everything.
+        self.prefetcher = make_prefetch(config.prefetch)
         self._built = False
         self._gen = -1            # the index generation the policies reflect
         self._next = 0

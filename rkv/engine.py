@@ -366,18 +366,20 @@ class Engine:
         return GetResult(done, to_output(kv, spec.dtype, as_torch), statuses, stored)
 
     def prefetch(self, tokens: Any, *, model: ModelSpec | dict[str, Any],
-                 tier: str | None = None, hold: float | None = 60.0
-                 ) -> Future[PrefetchResult]:
+                 tier: str | None = None, hold: float | None = 60.0,
+                 budget: int | None = None) -> Future[PrefetchResult]:
         """A request for ``tokens`` is queued: move its stored prefix up into ``tier``
         (default: the top tier) in the background, and hold its chunks.
 
         Held chunks (all of the request's, stored now or later) are not evicted or demoted
         until a :meth:`get` of the request reads them, or for ``hold`` seconds at most
         (None or 0: no hold), so a scheduler's queue keeps what it is about to read.
-        Returns a :class:`concurrent.futures.Future`: ``.result(timeout)`` waits and gives a
-        :class:`PrefetchResult` (or raises the typed error that stopped it). Room is made in
-        ``tier`` by its policy, never at the expense of pinned, in-flight or held chunks or
-        of the prefix itself. Chunks already there or above stay where they are.
+        ``budget`` caps the bytes moved; the engine's prefetch policy (``config.prefetch``)
+        chooses which chunks fit. Room is made in ``tier`` by its policy, never at the
+        expense of pinned, in-flight or held chunks or of the prefix itself; chunks already
+        there or above stay where they are. Returns a :class:`concurrent.futures.Future`:
+        ``.result(timeout)`` gives a :class:`PrefetchResult` (or raises the typed error that
+        stopped it).
         """
         _, _, _, keys = self._prepare(tokens, model)
         name = tier or self._order[0]
@@ -396,7 +398,7 @@ class Engine:
             future.set_result(PrefetchResult(name, len(metas), 0, len(metas), 0))
             return future
         moves = self._promotions
-        future = moves.submit(moves.run, keys[: len(metas)], name, False)
+        future = moves.submit(moves.run, keys[: len(metas)], name, False, budget)
         return future
 
     def settle(self, timeout: float | None = None) -> None:

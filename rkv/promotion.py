@@ -11,6 +11,7 @@ moves a whole stored prefix without asking. A failed read promotion is logged an
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import Counter
@@ -83,11 +84,13 @@ class Promotions:
         if worker is not None:
             worker.shutdown(wait=True, cancel_futures=True)
 
-    def run(self, keys: list[bytes], tier: str, from_read: bool) -> PrefetchResult:
+    def run(self, keys: list[bytes], tier: str, from_read: bool,
+            budget: int | None = None) -> PrefetchResult:
         engine = self.engine
         try:
             res: PrefetchResult = engine._mutate(
-                lambda txn, pending: promote(engine, txn, pending, keys, tier, from_read))
+                lambda txn, pending: promote(engine, txn, pending, keys, tier, from_read,
+                                             budget))
         except RkvError as exc:
             if not from_read:
                 raise
@@ -98,15 +101,17 @@ class Promotions:
 
 
 def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier: str,
-            from_read: bool) -> PrefetchResult:
+            from_read: bool, budget: int | None = None) -> PrefetchResult:
     """Move chunks up into ``tier`` (one mutation). ``from_read``: only those the read
-    promotion policy picks; otherwise all of them (a prefetch)."""
+    promotion policy picks; otherwise (a prefetch) those the prefetch policy picks within
+    ``budget`` bytes (None: all)."""
     ix, decide = engine._index, engine._decide
     level = decide.order.index(tier)
     stats: Counter[str] = Counter()
     protect = Protected(set(keys), decide, txn)
     now = time.time()
     promoted = already = failed = 0
+    plan: dict[bytes, tuple[ChunkMeta, str]] = {}
     for key in keys:
         meta = ix.read_chunk(txn, key)
         if meta is None:
@@ -117,9 +122,17 @@ def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier:
         if not low:
             already += 1
             continue
-        src = low[0]
-        if from_read and not decide.want_promotion(key, item_for(key, meta, src), now):
+        if from_read and not decide.want_promotion(key, item_for(key, meta, low[0]), now):
             continue
+        plan[key] = (meta, low[0])
+    order = list(plan)
+    if not from_read:
+        upcoming = [item_for(k, m, src) for k, (m, src) in plan.items()]
+        picked = decide.prefetcher.hints(upcoming, sys.maxsize if budget is None else budget)
+        order = [k for k in picked if isinstance(k, bytes) and k in plan]
+    skipped = len(plan) - len(order)
+    for key in order:
+        meta, src = plan[key]
         if not decide.usable(tier) or not decide.move(
                 txn, key, meta, src, tier, protect, pending, stats, Reason.PROMOTED):
             failed += 1
@@ -128,4 +141,4 @@ def promote(engine: Engine, txn: Any, pending: Pending, keys: list[bytes], tier:
         # Re-encoding for the faster tier may have grown the chunk: settle the overshoot.
         decide.make_room(txn, level, 0, protect, pending, stats)
     return PrefetchResult(tier, len(keys), promoted, already, failed, stats["evicted"],
-                          stats["demoted"])
+                          stats["demoted"], skipped)

@@ -46,8 +46,16 @@ from collections.abc import Callable, Container, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Reason
+from policies.base import (
+    AdmissionPolicy,
+    EvictionPolicy,
+    Item,
+    PolicyError,
+    PrefetchPolicy,
+    Reason,
+)
 from policies.belady import Belady, InfiniteCache
+from policies.prefetch import make_prefetch
 from rkv.errors import ConfigError
 from rkv.replay import (
     BELADY,
@@ -204,21 +212,29 @@ class _Cascade:
         return True
 
     def prefetch(self, cands: deque[Hashable], pins: Container[Hashable],
-                 running: set[Hashable], budget: int, now: float) -> None:
-        """Promote queued blocks sitting in lower tiers, in queue order, within ``budget``
-        bytes; stops at the first that does not fit (the queue's order is kept). ``pins``:
-        the blocks of the running and queued requests; ``running``: the running request's,
-        which are loaded on demand, not prefetched."""
-        where = self.where
-        while cands:
-            key = cands[0]
+                 running: set[Hashable], budget: int, now: float,
+                 policy: PrefetchPolicy) -> None:
+        """Promote queued blocks sitting in lower tiers, those ``policy`` picks within
+        ``budget`` bytes from the front of the queue (a window of candidates just over the
+        budget), in its order. ``pins``: the blocks of the running and queued requests;
+        ``running``: the running request's, which are loaded on demand, not prefetched.
+        Candidates not moved stay at the front of ``cands`` for the next request."""
+        where, pols = self.where, self.pols
+        window: dict[Hashable, Item] = {}
+        total = 0
+        while cands and total <= budget:
+            key = cands.popleft()
             t = where.get(key)
-            if t and key in pins and key not in running:
-                size = self.pols[t].item(key).size
-                if size > budget or not self.lift(key, t, pins, now, prefetch=True):
-                    return
-                budget -= size
-            cands.popleft()
+            if t and key in pins and key not in running and key not in window:
+                item = window[key] = pols[t].item(key)
+                total += item.size
+        lifted = set()
+        for key in policy.hints(list(window.values()), budget):
+            t = where.get(key)
+            if not t or not self.lift(key, t, pins, now, prefetch=True):
+                break
+            lifted.add(key)
+        cands.extendleft(k for k in reversed(window) if k not in lifted)
 
 
 class _Pins(dict[Hashable, int]):
@@ -245,11 +261,17 @@ class _Pins(dict[Hashable, int]):
 def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST, *,
                    label: str | None = None, capacity_text: str = "",
                    admission: AdmissionPolicy | None = None, lookahead: int = 0,
-                   promote: str = "hit", prefetch_budget: int | None = None) -> Result:
+                   promote: str = "hit", prefetch_budget: int | None = None,
+                   prefetch_policy: str = "queue") -> Result:
     """Replay ``trace`` through ``tiers`` (top first, fresh policies; see the module doc).
     ``cost`` gives the block size and the recompute throughput (its bandwidth and latency are
     the tiers'); ``prefetch_budget``: bytes per request (``None``: a quarter of the top tier,
-    at least one block; 0: no prefetch)."""
+    at least one block; 0: no prefetch); ``prefetch_policy``: a :mod:`policies.prefetch`
+    spec choosing which queued blocks the budget moves."""
+    try:
+        prefetcher = make_prefetch(prefetch_policy)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from exc
     if not 1 <= len(tiers) < 255:      # ``served`` keeps tier numbers in bytes
         raise ConfigError(f"a replay needs 1 to 254 tiers, got {len(tiers)}")
     if promote not in PROMOTE:
@@ -290,7 +312,7 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
                 pins.add_all(joining)
                 cands.extend(joining)
             if budget and cands:                # request r's own blocks are not prefetched
-                c.prefetch(cands, pins, set(refs[s:e]), budget, s)
+                c.prefetch(cands, pins, set(refs[s:e]), budget, s, prefetcher)
             pins.drop_all(refs[s:e])            # request r leaves the queue
             protected = pins
         else:
@@ -369,9 +391,11 @@ def _tiered_result(trace: Trace, cost: CostModel, tiers: Sequence[Tier], c: _Cas
 def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout],
                 cost: CostModel = _COST, *, references: bool = True,
                 progress: Callable[[str], None] | None = None, lookaheads: Sequence[int] = (0,),
-                promote: str = "hit", prefetch_budget: Capacity | None = None) -> list[Result]:
+                promote: str = "hit", prefetch_budget: Capacity | None = None,
+                prefetch_policy: str = "queue") -> list[Result]:
     """Every policy spec on every layout (and look-ahead: ``spec +prefetch N`` with several
-    tiers and a budget, ``spec +queue N`` otherwise), then (with ``references``) Belady on
+    tiers and a budget, ``spec +queue N`` otherwise; the prefetch policy is named when it is
+    not ``queue``), then (with ``references``) Belady on
     one-tier layouts (it needs to be the only policy deciding, so it is skipped for several)
     and the infinite cache loaded at the top tier's cost. Bad input raises ConfigError first."""
     from policies import make_admission, make_policy, split_spec
@@ -381,6 +405,10 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lookaheads):
         raise ConfigError(f"look-ahead must be whole numbers >= 0, got {list(lookaheads)}")
     resolved = [(lay, [t.capacity.resolve(trace, cost) for t in lay.tiers]) for lay in layouts]
+    try:
+        make_prefetch(prefetch_policy)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from exc
     for spec in policies:
         try:
             evict, admit = split_spec(spec)
@@ -398,6 +426,8 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
                 if ahead:
                     word = "prefetch" if len(caps) > 1 and budget != 0 else "queue"
                     label = f"{spec} +{word} {ahead}"
+                    if word == "prefetch" and prefetch_policy != "queue":
+                        label += f" {prefetch_policy}"
                 if progress:
                     progress(f"{label} on {lay.text}")
                 tiers = [Tier(ts.name, make_policy(evict, cap), cap, ts.bandwidth, ts.latency)
@@ -406,7 +436,8 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
                 out.append(simulate_tiers(trace, tiers, cost, label=label,
                                           capacity_text=lay.text, admission=adm,
                                           lookahead=ahead, promote=promote,
-                                          prefetch_budget=budget))
+                                          prefetch_budget=budget,
+                                          prefetch_policy=prefetch_policy))
     if references:
         total = trace.unique * cost.block_bytes
         for lay, caps in resolved:
@@ -428,7 +459,8 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
 def replay_all(trace: Trace, policies: Sequence[str], capacities: Sequence[Capacity],
                layouts: Sequence[Layout], cost: CostModel = _COST, *,
                progress: Callable[[str], None] | None = None, lookaheads: Sequence[int] = (0,),
-               promote: str = "hit", prefetch_budget: Capacity | None = None) -> list[Result]:
+               promote: str = "hit", prefetch_budget: Capacity | None = None,
+               prefetch_policy: str = "queue") -> list[Result]:
     """One-tier capacities (:func:`rkv.replay.run_replay`) and tier layouts
     (:func:`run_layouts`) in one list, the reference rows (Belady, infinite) last."""
     out: list[Result] = []
@@ -438,5 +470,5 @@ def replay_all(trace: Trace, policies: Sequence[str], capacities: Sequence[Capac
     if layouts:
         out += run_layouts(trace, policies, layouts, cost, progress=progress,
                            lookaheads=lookaheads, promote=promote,
-                           prefetch_budget=prefetch_budget)
+                           prefetch_budget=prefetch_budget, prefetch_policy=prefetch_policy)
     return sorted(out, key=lambda r: r.policy in (BELADY, INFINITE))

@@ -79,6 +79,7 @@ class PrefetchResult:
     failed: int                   # could not be moved (no room, or dropped as damaged)
     evicted_chunks: int = 0       # evicted from the last tier to make room
     demoted_chunks: int = 0       # pushed down to make room
+    skipped: int = 0              # below ``tier`` but left there: over the byte budget
 
 
 @dataclass(frozen=True)

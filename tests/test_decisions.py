@@ -414,3 +414,21 @@ def test_cli_replay_through_a_store(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["replay", str(trace), "--store", str(tmp_path / "runs2"), "--tiers",
                  "dram=10%,nvme=50%"]) == 2
     assert "--store replays one tier" in capsys.readouterr().err
+
+
+def test_prefetch_budget_moves_what_the_prefetch_policy_picks(tmp_path: Path) -> None:
+    size = chunk_bytes()
+    cfg = local_config(16, caps=(4 * size, 4 * size, 16 * size), policy="lru",
+                       promote="never")
+    with Engine.open(tmp_path / "s", cfg) as e:
+        long = toks(64, seed=1)
+        e.put(long, random_kv(SMALL, 64, seed=1), model=SMALL)
+        for i in range(4):                          # push the 4 chunks of `long` to nvme
+            e.put(toks(32, seed=10 + i), random_kv(SMALL, 32, seed=i), model=SMALL)
+        assert where(e, long) == {"nvme"}
+        res = e.prefetch(long, model=SMALL, budget=2 * size + size // 2).result(30)
+        assert (res.chunks, res.promoted, res.skipped, res.already) == (4, 2, 2, 0)
+        assert where(e, long[:32]) == {"dram"}      # queue order: the first two chunks
+        assert e.get(long, model=SMALL).n_tokens == 64
+    with pytest.raises(ConfigError, match="prefetch"):
+        EngineConfig(prefetch="sideways")
