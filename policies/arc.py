@@ -41,9 +41,10 @@ class _Missing(enum.Enum):
     """Stands for "no key": keys may be None or falsy, and an enum member survives deepcopy."""
 
     NONE = 0
+    UNSET = 1
 
 
-_NONE = _Missing.NONE
+_NONE, _UNSET = _Missing.NONE, _Missing.UNSET
 _B1, _B2 = 1, 2
 
 
@@ -148,41 +149,53 @@ class ARC(EvictionPolicy):
         from_b2 = self._pending is not _NONE and self._pending_from == _B2
         pins_ok = not self._pinnable
         out: list[Hashable] = []
+        taken: set[Hashable] = set()   # when restarted for soft-pinned keys: already chosen
 
-        def candidates(lst: OrderedDict[Hashable, None]) -> Iterator[Hashable]:
-            taken = set(out)  # when restarted for soft-pinned keys: what is already chosen
-            for k in lst:
+        def first(it: Iterator[Hashable]) -> Hashable:
+            """The next key of ``it`` that may go (candidates are found lazily: usually one
+            list is looked at, and only as far as its first evictable key)."""
+            for k in it:
                 if k in protected or k in taken or (
                         not pins_ok and soft_pinned(items[k], now)):
                     continue
-                yield k
+                return k
+            return _NONE
 
-        c1, c2 = candidates(self._t1), candidates(self._t2)
-        next1, next2 = next(c1, _NONE), next(c2, _NONE)
+        it1, it2 = iter(self._t1), iter(self._t2)
+        next1: Hashable = _UNSET
+        next2: Hashable = _UNSET
         t1_bytes, t1_len = self._t1_bytes, len(self._t1)
         freed = 0
         while freed < need:
             take_t1 = t1_len > 0 and (t1_bytes > p or (from_b2 and t1_bytes == p))
             if take_t1:
+                if next1 is _UNSET:
+                    next1 = first(it1)
                 if next1 is _NONE:
                     take_t1 = False
-            elif next2 is _NONE:
-                take_t1 = True
+            if not take_t1:
+                if next2 is _UNSET:
+                    next2 = first(it2)
+                if next2 is _NONE:
+                    if next1 is _UNSET:
+                        next1 = first(it1)
+                    take_t1 = True
             victim = next1 if take_t1 else next2
             if victim is _NONE:
                 if pins_ok:
                     return None
                 pins_ok = True  # not enough without soft-pinned keys: go on with them
-                c1, c2 = candidates(self._t1), candidates(self._t2)
-                next1, next2 = next(c1, _NONE), next(c2, _NONE)
+                taken = set(out)
+                it1, it2 = iter(self._t1), iter(self._t2)
+                next1 = next2 = _UNSET
                 continue
             size = items[victim].size
             if take_t1:
-                next1 = next(c1, _NONE)
+                next1 = _UNSET
                 t1_bytes -= size
                 t1_len -= 1
             else:
-                next2 = next(c2, _NONE)
+                next2 = _UNSET
             out.append(victim)
             freed += size
         return out

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict, deque
-from collections.abc import Callable, Container, Hashable, Iterator, Sequence
+from collections.abc import Container, Hashable, Iterator, Sequence
 
 from policies.base import Item, PlannedEviction, PolicyError, Reason, soft_pinned
 from policies.registry import register
@@ -142,11 +142,13 @@ class S3FIFO(PlannedEviction):
         key = victim.key
         skipped: list[Hashable] = []
         found = False
+        moved = 0                     # bytes promoted to M (written back once: a hot loop)
+        pop = s.popitem
         while s:
-            t, _ = s.popitem(last=False)
+            t = pop(last=False)[0]
             if freq[t] >= threshold:
                 # ``victim`` has already left self._items (the base class pops it first)
-                self._s_bytes -= victim.size if t == key else items[t].size
+                moved += victim.size if t == key else items[t].size
                 freq[t] = 0
                 m[t] = None
             elif t == key:
@@ -154,6 +156,7 @@ class S3FIFO(PlannedEviction):
                 break
             else:
                 skipped.append(t)
+        self._s_bytes -= moved
         for t in reversed(skipped):
             s[t] = None
             s.move_to_end(t, last=False)
@@ -189,6 +192,29 @@ class S3FIFO(PlannedEviction):
         return found
 
     # -- asked: the same procedure on a virtual state --------------------------------------------
+    def victims(self, need: int, protected: Container[Hashable] = ()) -> list[Hashable] | None:
+        """The plan of :meth:`_plan`; the common case (one victim, no soft pins) is answered
+        by a direct scan: the first key the walk would evict is the first unprotected one,
+        from the tail, with frequency below the threshold (S) or 0 (M): promoted and
+        second-chance keys move behind every key the walk has not reached."""
+        if need > 0 and not self._pinnable:
+            items, freq = self._items, self._freq
+            if self._s_bytes >= self._small_cap:
+                threshold = self.threshold
+                for t in self._s:
+                    if freq[t] < threshold and t not in protected:
+                        if items[t].size >= need:
+                            return [t]
+                        break
+            else:
+                for t in self._m:
+                    if not freq[t] and t not in protected:
+                        if items[t].size >= need:
+                            return [t]
+                        break
+        return super().victims(need, protected)
+
+    # -- asked: the same procedure on a virtual state --------------------------------------------
     def _plan(self, need: int, protected: Container[Hashable], pins_ok: bool,
               forced: Sequence[Hashable]) -> tuple[list[Hashable], bool]:
         """The keys the procedure would evict, in order, until ``need`` bytes are freed (True)
@@ -213,6 +239,8 @@ class S3FIFO(PlannedEviction):
                 return k == forced[n]
             return k not in protected and (pins_ok or not soft_pinned(items[k], now))
 
+        simple = pins_ok and not forced     # then evictable(k) is just "not protected"
+
         def walk_s() -> Hashable:
             nonlocal s_bytes
             for i, t in enumerate(s_skipped):
@@ -225,7 +253,7 @@ class S3FIFO(PlannedEviction):
                     s_bytes -= items[t].size
                     vfreq[t] = 0
                     m_appended.append(t)
-                elif evictable(t):
+                elif (t not in protected) if simple else evictable(t):
                     s_bytes -= items[t].size
                     return t
                 else:
@@ -249,15 +277,16 @@ class S3FIFO(PlannedEviction):
                 if f > 0:
                     vfreq[t] = f - 1
                     m_appended.append(t)
-                elif evictable(t):
+                elif (t not in protected) if simple else evictable(t):
                     return t
                 else:
                     m_skipped.append(t)
 
-        walks: tuple[Callable[[], Hashable], ...]
+        s_first = (walk_s, walk_m)
+        m_first = (walk_m, walk_s, walk_m)
         freed = 0
         while freed < need:
-            walks = (walk_s, walk_m) if s_bytes >= self._small_cap else (walk_m, walk_s, walk_m)
+            walks = s_first if s_bytes >= self._small_cap else m_first
             for walk in walks:
                 victim = walk()
                 if victim is not _NONE:
