@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from policies.base import AdmissionPolicy, Item, PolicyError
-from policies.registry import parse_spec
+from policies.registry import build
 
 
 class AdmitAll(AdmissionPolicy):
@@ -57,14 +57,7 @@ _ADMISSION: dict[str, type[AdmissionPolicy]] = {"all": AdmitAll, "after": AdmitA
 
 def make_admission(spec: str) -> AdmissionPolicy:
     """An admission policy from its spec: ``"all"`` or ``"after(n=2)"``."""
-    name, params = parse_spec(spec)
-    cls = _ADMISSION.get(name)
-    if cls is None:
-        raise PolicyError(f"unknown admission policy {name!r} (known: {', '.join(_ADMISSION)})")
-    try:
-        return cls(**params)
-    except TypeError as exc:
-        raise PolicyError(f"bad parameters for admission {name!r}: {exc}") from exc
+    return build(spec, _ADMISSION, "admission")
 
 
 def split_spec(spec: str) -> tuple[str, str]:

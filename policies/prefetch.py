@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from policies.base import Item, PolicyError, PrefetchPolicy
-from policies.registry import parse_spec
+from policies.registry import build
 
 
 class QueueOrder(PrefetchPolicy):
@@ -71,14 +71,7 @@ _PREFETCH: dict[str, type[PrefetchPolicy]] = {"queue": QueueOrder, "shallow": Sh
 
 def make_prefetch(spec: str) -> PrefetchPolicy:
     """A prefetch policy from its spec: ``"queue"`` or ``"shallow(max_depth=8)"``."""
-    name, params = parse_spec(spec)
-    cls = _PREFETCH.get(name)
-    if cls is None:
-        raise PolicyError(f"unknown prefetch policy {name!r} (known: {', '.join(_PREFETCH)})")
-    try:
-        return cls(**params)
-    except TypeError as exc:
-        raise PolicyError(f"bad parameters for prefetch {name!r}: {exc}") from exc
+    return build(spec, _PREFETCH, "prefetch")
 
 
 def available_prefetch() -> list[str]:

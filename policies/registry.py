@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from policies.base import EvictionPolicy, PolicyError
 
 P = TypeVar("P", bound=type[EvictionPolicy])
+T = TypeVar("T")
 _REGISTRY: dict[str, type[EvictionPolicy]] = {}
 _SPEC = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_-]*)\s*(?:\((.*)\))?\s*$", re.S)
 
@@ -66,6 +67,19 @@ def make_policy(spec: str, capacity: int) -> EvictionPolicy:
         return cls(capacity, **params)  # type: ignore[call-arg]
     except TypeError as exc:
         raise PolicyError(f"bad parameters for policy {name!r}: {exc}") from exc
+
+
+def build(spec: str, table: Mapping[str, Callable[..., T]], kind: str, *args: Any) -> T:
+    """``table[name](*args, **params)`` for a spec, with PolicyError for an unknown name or
+    bad parameters (admission and prefetch policies use it; eviction policies register)."""
+    name, params = parse_spec(spec)
+    cls = table.get(name)
+    if cls is None:
+        raise PolicyError(f"unknown {kind} policy {name!r} (known: {', '.join(sorted(table))})")
+    try:
+        return cls(*args, **params)
+    except TypeError as exc:
+        raise PolicyError(f"bad parameters for {kind} {name!r}: {exc}") from exc
 
 
 def available() -> list[str]:

@@ -170,8 +170,10 @@ class Decisions:
         self.rebuilds += 1
 
     # -- what reads and writes tell the policies ----------------------------------------------
-    def served(self, keys: list[bytes], now: float) -> None:
-        """A read served these chunks (no lock: applied at the next mutation)."""
+    def served(self, keys: list[bytes], now: float) -> bool:
+        """A read served these chunks (applied at the next mutation). True when so many hits
+        wait that a mutation should apply them now (reads of a few hot chunks would otherwise
+        queue events without bound)."""
         with self._lock:
             for k in keys:
                 self._events.append((k, now))
@@ -179,6 +181,7 @@ class Decisions:
                 self._reported.move_to_end(k)
             while len(self._reported) > _REPORTED:
                 self._reported.popitem(last=False)
+            return len(self._events) >= _REPORTED
 
     def used(self, keys: list[bytes], now: float) -> None:
         """A put met these stored chunks without a mutation: hits, except those a read

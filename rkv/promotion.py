@@ -53,7 +53,8 @@ class Promotions:
             n += 1
         if not n:
             return
-        engine._decide.served(keys[:n], time.time())
+        if engine._decide.served(keys[:n], time.time()):
+            engine._mutate(lambda txn, pending: None)   # apply the waiting hits
         if engine.config.promote == "never":
             return
         top = engine._decide.order[0]

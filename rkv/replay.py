@@ -386,6 +386,20 @@ def _result(trace: Trace, cost: CostModel, label: str, capacity: int, capacity_t
         **extra)
 
 
+def check_specs(policies: Sequence[str], capacity: int) -> None:
+    """Build every spec once (eviction and admission), so a bad one is a ConfigError before
+    anything runs."""
+    from policies import make_admission, make_policy, split_spec
+
+    for spec in policies:
+        try:
+            evict, admit = split_spec(spec)
+            make_policy(evict, capacity)
+            make_admission(admit)
+        except PolicyError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
 def run_replay(trace: Trace, policies: Sequence[str], capacities: Sequence[Capacity],
                cost: CostModel = CostModel(), *, references: bool = True,
                progress: Callable[[str], None] | None = None,
@@ -398,13 +412,7 @@ def run_replay(trace: Trace, policies: Sequence[str], capacities: Sequence[Capac
     from policies import make_admission, make_policy, split_spec
 
     caps = [(c, c.resolve(trace, cost)) for c in capacities]
-    for spec in policies:
-        try:
-            evict, admit = split_spec(spec)
-            make_policy(evict, caps[0][1] if caps else 1)
-            make_admission(admit)
-        except PolicyError as exc:
-            raise ConfigError(str(exc)) from exc
+    check_specs(policies, caps[0][1] if caps else 1)
     out: list[Result] = []
     for spec in policies:
         evict, admit = split_spec(spec)

@@ -68,6 +68,7 @@ from rkv.replay import (
     TierStats,
     Trace,
     _result,
+    check_specs,
     run_replay,
     simulate,
 )
@@ -409,13 +410,7 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
         make_prefetch(prefetch_policy)
     except PolicyError as exc:
         raise ConfigError(str(exc)) from exc
-    for spec in policies:
-        try:
-            evict, admit = split_spec(spec)
-            make_policy(evict, resolved[0][1][0] if resolved else 1)
-            make_admission(admit)
-        except PolicyError as exc:
-            raise ConfigError(str(exc)) from exc
+    check_specs(policies, resolved[0][1][0] if resolved else 1)
     out: list[Result] = []
     for spec in policies:
         evict, admit = split_spec(spec)

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from hypothesis import strategies as st
 
 from rkv import EngineConfig, ModelSpec, TierConfig
 from rkv.tiers import Tier
@@ -95,3 +96,20 @@ class HeldTier(Tier):
 
     def close(self) -> None:
         self.inner.close()
+
+
+@st.composite
+def prefix_requests(draw: st.DrawFn, max_requests: int = 30) -> list[tuple[int, ...]]:
+    """Requests as paths in a growing trie of blocks, like the Mooncake trace: a request
+    reuses a prefix of an earlier one and appends fresh blocks."""
+    out: list[tuple[int, ...]] = []
+    fresh = 0
+    for _ in range(draw(st.integers(1, max_requests))):
+        base: tuple[int, ...] = ()
+        if out and draw(st.booleans()):
+            prev = out[draw(st.integers(0, len(out) - 1))]
+            base = prev[:draw(st.integers(1, len(prev)))]
+        n_new = draw(st.integers(0 if base else 1, 5))
+        out.append(base + tuple(range(fresh, fresh + n_new)))
+        fresh += n_new
+    return out

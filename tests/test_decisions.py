@@ -432,3 +432,18 @@ def test_prefetch_budget_moves_what_the_prefetch_policy_picks(tmp_path: Path) ->
         assert e.get(long, model=SMALL).n_tokens == 64
     with pytest.raises(ConfigError, match="prefetch"):
         EngineConfig(prefetch="sideways")
+
+
+def test_hits_waiting_for_a_mutation_stay_bounded(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads of one hot chunk, no writes: the hits the policies have not seen yet are
+    applied by a mutation once enough wait, not queued forever."""
+    from rkv import decisions
+
+    monkeypatch.setattr(decisions, "_REPORTED", 50)
+    with Engine.open(tmp_path / "s", one_tier(4)) as e:
+        t = toks(16, seed=1)
+        e.put(t, random_kv(SMALL, 16, seed=1), model=SMALL)
+        for _ in range(200):
+            assert e.get(t, model=SMALL).n_tokens == 16
+            assert len(e._decide._events) < 50

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rkvtest import prefix_requests
 
 from policies import EvictionPolicy, Item, PolicyError, Reason, available, make_policy
 from policies.belady import Belady, InfiniteCache, next_use_positions
@@ -161,26 +162,8 @@ def test_infinite_cache_hits_exactly_the_repeats(seq: list[int]) -> None:
     assert hits(trace, InfiniteCache(len(seq)), len(seq)) == len(seq) - len(set(seq))
 
 
-@st.composite
-def prefix_requests(draw: st.DrawFn) -> list[tuple[int, ...]]:
-    """Requests as paths in a growing trie of blocks, like the Mooncake trace: a request reuses
-    a prefix of an earlier one and appends fresh blocks."""
-    out: list[tuple[int, ...]] = []
-    fresh = 0
-    for _ in range(draw(st.integers(1, 25))):
-        base: tuple[int, ...] = ()
-        reuse = draw(st.booleans())
-        if out and reuse:
-            prev = out[draw(st.integers(0, len(out) - 1))]
-            base = prev[:draw(st.integers(1, len(prev)))]
-        n_new = draw(st.integers(0 if base else 1, 5))
-        out.append(base + tuple(range(fresh, fresh + n_new)))
-        fresh += n_new
-    return out
-
-
 @settings(max_examples=100)
-@given(prefix_requests(), st.integers(1, 12))
+@given(prefix_requests(max_requests=25), st.integers(1, 12))
 def test_every_policy_keeps_the_contract_on_prefix_requests(reqs: list[tuple[int, ...]],
                                                             capacity: int) -> None:
     """Multi-block requests protect their touched blocks; the driver checks every answer, and

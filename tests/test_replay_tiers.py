@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rkvtest import prefix_requests
 
 from policies import (
     AdmitAfter,
@@ -30,22 +31,6 @@ from rkv.traces import Request, read_trace
 
 SHARED_TRACE = Path(__file__).parents[2] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
 UNIT = CostModel(block_bytes=1, bandwidth=1.0, latency=0.5, recompute_tps=512)
-
-
-@st.composite
-def prefix_requests(draw: st.DrawFn) -> list[tuple[int, ...]]:
-    """Requests as paths in a growing trie of blocks: reuse a prefix, append fresh blocks."""
-    out: list[tuple[int, ...]] = []
-    fresh = 0
-    for _ in range(draw(st.integers(1, 30))):
-        base: tuple[int, ...] = ()
-        if out and draw(st.booleans()):
-            prev = out[draw(st.integers(0, len(out) - 1))]
-            base = prev[:draw(st.integers(1, len(prev)))]
-        n_new = draw(st.integers(0 if base else 1, 5))
-        out.append(base + tuple(range(fresh, fresh + n_new)))
-        fresh += n_new
-    return out
 
 
 def chain_trace(reqs: Sequence[Sequence[Hashable]], cost: CostModel = UNIT) -> Trace:
