@@ -26,7 +26,7 @@ checksum) followed by the codec configs as a JSON array (empty when no codec is 
 
 The prelude is recovered by a bitwise majority vote over its three copies, so any error that
 hits one copy at each bit position is corrected. A header copy is used only when its own
-checksum verifies; if none does, the bytewise majority of the three copies is tried and must
+checksum verifies; if none does, the bitwise majority of the three copies is tried and must
 verify too. So a corrupted header is corrected or reported, never misread. The payload is
 checked against the end-to-end checksum in the header (xxh3_128 of the block's data before any
 ECC, i.e. what the caller gets back).

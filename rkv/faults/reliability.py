@@ -14,10 +14,11 @@ a fault model and a residency time, :func:`predict` combines
 
 Approximations (stated so that a campaign can check them): combinations of several
 individually correctable events in one unit are ignored (second order in the event rate); a
-shard code fails only if more than ``m`` shards fail their checksums *and* some byte column
-holds more than ``m // 2`` errors, and the smaller of the two probabilities is used (an upper
-bound); the record's header is lost only if all three copies are hit and a byte position is
-wrong in two of them (for background bits), or if one event spans the whole record.
+shard code fails only if more than ``m`` shards fail their checksums (data or checksum entry)
+*and* column decoding fails: some byte column holds more than ``m // 2`` errors (the failing
+column's shards count towards the ``m``), or more than ``m`` checksum entries are damaged; the
+record's header is lost only if all three copies are hit and a bit position is wrong in two of
+them (the vote is bitwise; for background bits), or if one event spans the whole record.
 
 SDC: rkv checks every block against an xxh3_128 of its data, so a wrong block can only pass if
 the decoder miscorrects *and* the checksum collides: ``p_sdc <= p_due * 2**-128``.
@@ -69,6 +70,7 @@ class _Geometry:
     group: int           # data bytes one unit spans before the layout repeats (k * I)
     interleave: int
     shard_bytes: int = 0
+    check_bytes: int = 0   # shard RS: bytes of each shard's checksum entry
     miss: float = 1.0    # P(a failing unit goes undetected by the code alone)
     last_symbols: int = 0  # length of a shortened last unit (0: all units full)
 
@@ -125,8 +127,9 @@ def _geometry(protection: str, data_bytes: int) -> _Geometry:
     if isinstance(codec, ShardRSCodec):
         k, m = int(cfg["k"]), int(cfg["m"])
         shard = int(codec.shard_size(data_bytes))
+        check = 8 if str(cfg.get("checksum", "xxh3")) == "xxh3" else 4
         return _Geometry("shard", 1, k + m, m, 8 * shard, data_bytes, 1, shard_bytes=shard,
-                         miss=2.0 ** -64)
+                         check_bytes=check, miss=2.0 ** -(8 * check))
     raise ConfigError(f"no reliability model for codec {codec.spec}")
 
 
@@ -166,6 +169,28 @@ def _event_fatal(g: _Geometry, footprint: float, bits: float) -> bool:
     # bch: bits per chunk
     per_chunk = wrong if span <= g.group else wrong * g.group / span
     return per_chunk > g.t
+
+
+def _shard_fail(g: _Geometry, p_bit: float) -> float:
+    """P(shard RS loses a block) under independent bit errors of probability ``p_bit``.
+
+    The erasure path rebuilds up to m shards that fail their checksums (data or checksum
+    entry damaged), so a loss needs more than m of them, and then column decoding must fail
+    too: some byte column with more than m // 2 bad bytes, or more than m damaged checksum
+    entries (fewer than k shards pass after decoding). A failing column already accounts for
+    m // 2 + 1 damaged shards; the rest must come from the others.
+    """
+    nsh, m = g.unit_symbols, g.t
+    qb = -math.expm1(8 * math.log1p(-p_bit))
+    lt_col = _log_binom_tail(nsh, qb, m // 2)
+    col_fail = -math.expm1(g.shard_bytes * math.log1p(-min(math.exp(lt_col), 1 - 1e-300)))
+    in_col = m // 2 + 1
+    q_shard = -math.expm1(8 * (g.shard_bytes + g.check_bytes) * math.log1p(-p_bit))
+    others = math.exp(_log_binom_tail(nsh - in_col, q_shard, m - in_col)) \
+        if m >= in_col else 1.0
+    q_check = -math.expm1(8 * g.check_bytes * math.log1p(-p_bit))
+    checks = math.exp(_log_binom_tail(nsh, q_check, m))
+    return min(1.0, col_fail * others + checks)
 
 
 def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
@@ -230,27 +255,18 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
             if g.kind == "detect":
                 log_ok += 8 * payload * math.log1p(-p_bit)
             elif g.kind == "shard":
-                # Both are needed to lose the block: more than m shards fail their checksums
-                # (else they are rebuilt as erasures) and some byte column holds more than
-                # m // 2 errors (else column decoding fixes them). min() of the two bounds.
-                lt_sh = _log_binom_tail(g.unit_symbols, q, g.t)
-                qb = -math.expm1(8 * math.log1p(-p_bit))
-                lt_col = _log_binom_tail(g.unit_symbols, qb, g.t // 2)
-                col_fail = -math.expm1(g.shard_bytes * math.log1p(-min(math.exp(lt_col),
-                                                                        1 - 1e-300)))
-                fail = min(math.exp(lt_sh), col_fail)
-                log_ok += math.log1p(-min(fail, 1.0 - 1e-300))
+                log_ok += math.log1p(-min(_shard_fail(g, p_bit), 1.0 - 1e-300))
             else:
                 full = g.units - (1 if g.last_symbols else 0)
                 log_ok += full * _log_unit_ok(g.unit_symbols, q, g.t)
                 if g.last_symbols:
                     log_ok += _log_unit_ok(g.last_symbols, q, g.t)
             if header_copy:
-                # The header is lost only if no copy is intact and some byte position is
-                # wrong in two copies or more (the bytewise vote then fails).
+                # The header is lost only if no copy is intact and some bit position is
+                # wrong in two copies or more (the bitwise majority vote then fails).
                 qh = -math.expm1(8 * header_copy * math.log1p(-p_bit))
-                qb = -math.expm1(8 * math.log1p(-p_bit))
-                pos = -math.expm1(header_copy * math.log1p(-min(3 * qb * qb, 1.0)))
+                twice = 3 * p_bit * p_bit * (1 - p_bit) + p_bit ** 3
+                pos = -math.expm1(8 * header_copy * math.log1p(-min(twice, 1.0)))
                 # P(no intact copy) x P(a position is wrong twice | every copy has errors).
                 fail = qh ** 3 * min(1.0, pos / (qh * qh)) if qh > 0 else 0.0
                 log_ok += math.log1p(-min(fail, 1.0 - 1e-300))

@@ -28,23 +28,24 @@ def z_close(count: int, n: int, p: float, z: float = 4.0) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("protection", "ber"),
-    [("none", 2e-6), ("rs(255,251)", 2.5e-4), ("bch(m=13,t=2)", 1.2e-4),
-     ("shardrs(k=8,m=2)", 4e-6), ("raw", 2e-6)],
+    ("protection", "ber", "trials"),
+    [("none", 2e-6, 40), ("rs(255,251)", 2.5e-4, 40), ("bch(m=13,t=2)", 1.2e-4, 40),
+     ("shardrs(k=8,m=2)", 4e-6, 40), ("shardrs(k=8,m=2)", 1e-4, 100),
+     ("shardrs(k=8,m=2)", 2e-5, 400), ("rs(255,239)", 1e-3, 200), ("raw", 2e-6, 40)],
 )
-def test_campaign_matches_analytic(protection: str, ber: float) -> None:
+def test_campaign_matches_analytic(protection: str, ber: float, trials: int) -> None:
+    """Two-sided for every code. The shardrs points are where the issue found the model
+    off by z = +7.5 and +10.7 (a damaged checksum entry cost a correctable block); at
+    rs(255,239) and 1e-3 the header term dominates (the model assumed a bytewise vote: 4.07 %
+    predicted against 1.95 % measured; the vote is bitwise)."""
     cfg = CampaignConfig(tier="nvme", fault_model=raw_ber(ber), protection=protection,
-                         trials=40, blocks=10, seed=7, sampling="direct", **SMALL)
+                         trials=trials, blocks=10, seed=7, sampling="direct", **SMALL)
     s = run_campaign(cfg)
     n = s.blocks
     p = s.prediction
     assert s.counts["sdc"] == (s.counts["sdc"] if protection == "raw" else 0)
     faulty = n - s.counts["clean"]
     assert z_close(faulty, n, p.p_error), (faulty, n, p)
-    if protection.startswith("shardrs"):
-        # The analytic shard model is an upper bound (documented): one-sided check.
-        assert s.counts["due"] <= n * p.p_due + 4 * (n * p.p_due) ** 0.5 + 1, (s.counts, p)
-        return
     assert z_close(s.counts["due"], n, p.p_due), (s.counts, p)
     if protection == "raw":
         assert z_close(s.counts["sdc"], n, p.p_sdc), (s.counts, p)

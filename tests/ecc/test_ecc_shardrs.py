@@ -149,6 +149,33 @@ def test_checksum_table_damage() -> None:
     assert c.decode(bytes(b)).status == "uncorrectable"
 
 
+@pytest.mark.parametrize(("k", "m", "entries"), [(8, 2, [1]), (8, 2, [9]), (16, 2, [0, 17]),
+                                                (10, 4, [2, 3, 11])])
+def test_damaged_checksum_entries_never_cost_a_correctable_block(k: int, m: int,
+                                                                 entries: list[int]) -> None:
+    """More than m shards damaged (so the erasure path cannot be used), each column
+    correctable, and up to m checksum entries damaged as well: corrected, exactly. (Issue
+    13: one flipped bit in the checksum table used to make such a block a DUE.)"""
+    c = shardrs(k, m)
+    rng = np.random.default_rng(k * 10 + m)
+    size = 6000
+    data = rand_bytes(rng, size)
+    enc = c.encode(data)
+    s = c.shard_size(size)
+    b = np.frombuffer(enc, np.uint8).copy()
+    for j in range(m + 1):                   # m + 1 damaged shards, in distinct columns
+        b[j * s + 7 * j + 1] ^= np.uint8(rng.integers(1, 256))
+    for e in entries:                        # and damaged checksum entries
+        b[c.n * s + 8 * e + 2] ^= np.uint8(1 << (e % 8))
+    res = c.decode(b.tobytes())
+    assert res.status == "corrected" and res.data == data
+    # One entry more than m and fewer than k shards can vouch: reported, never guessed.
+    for e in range(m + 1):
+        b[c.n * s + 8 * (c.n - 1 - e) + 5] ^= 0x10
+    bad = c.decode(b.tobytes())
+    assert bad.status == "uncorrectable" or bad.data == data
+
+
 def test_length_field_damage() -> None:
     c = shardrs(4, 2)
     data = b"x" * 100
