@@ -445,6 +445,12 @@ class FaultModel(ABC):
         pu, pf = self._bit_probs(check_hours(hours))
         return combine_bit_probs(pu, pf)
 
+    def event_classes(self, nbytes: int, hours: float) -> list[EventClass]:
+        """The event classes with their count laws and samplers (``draw_nonzero`` gives a
+        class's pattern conditioned on it firing): what an analytic model needs to judge a
+        class by its footprint distribution rather than its mean."""
+        return list(self._classes(nbytes, hours))
+
     def events(self, nbytes: int, hours: float) -> list[EventRate]:
         """The event classes that can hit a buffer of `nbytes` bytes in `hours`."""
         return [c.rate for c in self._classes(nbytes, hours)]

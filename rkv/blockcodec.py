@@ -116,6 +116,18 @@ def record_size(header: RecordHeader, nbytes: int, codec: Codec | None,
     return array_record_size(replace(header, codecs=_configs(quant, codec)), plen)
 
 
+def record_framing(header: RecordHeader, nbytes: int, codec: Codec | None,
+                   quant: Quantizer | None = None) -> tuple[int, int]:
+    """(payload offset, header copy length) of the record :func:`encode_block` makes."""
+    from rkv.record import framing_sizes
+
+    if quant is not None:
+        nbytes = quant.encoded_size(header.shape, header.dtype)
+    plen = codec.encoded_size(nbytes) if codec is not None else nbytes
+    return framing_sizes(replace(header, codecs=_configs(quant, codec), data_len=nbytes,
+                                 payload_len=plen))
+
+
 def encode_block(header: RecordHeader, data: np.ndarray, codec: Codec | None,
                  alloc: Callable[[int], np.ndarray] | None = None,
                  quant: Quantizer | None = None) -> Any:

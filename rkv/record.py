@@ -180,6 +180,14 @@ def encode_record(header: RecordHeader, payload: Any) -> bytearray:
     return bytearray(lead) + view + trail
 
 
+def framing_sizes(header: RecordHeader) -> tuple[int, int]:
+    """(payload offset, length of one header copy) of a record with ``header``: preludes at
+    0 and 8, header copies at 16 and ``16 + hlen``, the payload at the offset, the third
+    header copy right after the payload and the third prelude in the last 8 bytes."""
+    lead, trail = _framing(header)
+    return len(lead), len(trail) - PRELUDE_BYTES
+
+
 def array_record_size(header: RecordHeader, nbytes: int) -> int:
     """Size of the record :func:`encode_array_record` makes for ``nbytes`` of data."""
     lead, trail = _framing(replace(header, data_len=nbytes, payload_len=nbytes))

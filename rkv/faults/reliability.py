@@ -117,7 +117,7 @@ def _geometry(protection: str, data_bytes: int) -> _Geometry:
                          last_symbols=rem + (n - k) if rem else 0)
     if codec.codec_id == "bch":
         m, t = int(cfg["m"]), int(cfg["t"])
-        chunk = int(cfg.get("chunk_bytes") or _bch_chunk(codec))
+        chunk = int(cfg.get("chunk_bytes") or bch_chunk(codec))
         units = max(1, -(-data_bytes // chunk))
         nbits = chunk * 8 + m * t
         miss = math.exp(_log_ball(nbits, t, 1) - m * t * math.log(2))
@@ -133,7 +133,7 @@ def _geometry(protection: str, data_bytes: int) -> _Geometry:
     raise ConfigError(f"no reliability model for codec {codec.spec}")
 
 
-def _bch_chunk(codec: Any) -> int:
+def bch_chunk(codec: Any) -> int:
     for name in ("chunk_bytes", "chunk"):
         v = getattr(codec, name, None)
         if isinstance(v, int) and v > 0:
@@ -148,27 +148,6 @@ def _log_ball(n: int, t: int, q_minus_1: int) -> float:
              for i in range(t + 1)]
     top = max(terms)
     return top + math.log(sum(math.exp(x - top) for x in terms))
-
-
-def _event_fatal(g: _Geometry, footprint: float, bits: float) -> bool:
-    """Does one event of this footprint (bytes) and wrong-bit count defeat the code?"""
-    if g.kind in ("detect", "raw"):
-        return True
-    span = max(1.0, footprint)
-    wrong = max(1.0, min(bits, 8 * span))
-    if g.kind == "shard":
-        touched = min(g.units * g.unit_symbols, math.ceil(span / g.shard_bytes) + (span > 1))
-        return min(touched, wrong) > g.t
-    if g.kind == "rs":
-        wrong_bytes = min(wrong, span)
-        if span <= g.group:
-            per_unit = math.ceil(wrong_bytes / min(g.interleave, span))
-        else:
-            per_unit = math.ceil(wrong_bytes * g.group / span / g.interleave)
-        return per_unit > g.t
-    # bch: bits per chunk
-    per_chunk = wrong if span <= g.group else wrong * g.group / span
-    return per_chunk > g.t
 
 
 def _shard_fail(g: _Geometry, p_bit: float) -> float:
@@ -224,23 +203,19 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
         if kind == "bit":
             p_bit += mean / (8 * record)
             continue
-        footprint = float(getattr(ev, "footprint_bytes", 1) or 1)
-        bits = float(getattr(ev, "bits_per_event", 1) or 1)
-        detected = bool(getattr(ev, "detected", False))
-        lost = kind == "region"
         if g.kind == "raw":
-            if lost or detected:
+            if kind == "region" or bool(getattr(ev, "detected", False)):
                 log_ok -= mean
             else:
                 log_undetected -= mean
-            continue
-        # An event is fatal when it defeats the payload's code where it lands, or when it
-        # spans the whole record (the header's third copy trails the payload, so one event
-        # cannot take all copies unless it covers both ends).
-        if lost or footprint >= payload:
-            log_ok -= mean
-        elif _event_fatal(g, footprint, bits):
-            log_ok -= mean * min(1.0, (payload + footprint) / record)
+    if g.kind != "raw":
+        # Clustered classes: judged by their own footprint distribution against the record's
+        # layout (rkv.faults.fatality), so strides that alias with interleaving, several
+        # sectors in one record and damage that spares the data bytes all count as they are.
+        from rkv.faults.fatality import class_fatality
+
+        for _, p_fire, fatal in class_fatality(model, protection, data_bytes, hours):
+            log_ok += math.log1p(-min(p_fire * fatal, 1.0 - 1e-300))
     # Background independent bit errors, exactly per decoding unit.
     if p_bit > 0:
         if g.kind == "raw":

@@ -190,3 +190,28 @@ def test_quantized_campaign(protection: str) -> None:
     else:
         assert s.counts["sdc"] == 0
         assert cfg.data_bytes < 2 * 64 * 64 * 2 / 2
+
+
+ROWS_ONLY = {"preset": "dram-ddr5", "system_ecc": "none", "on_die_ecc": False, "modes": {
+    m: {"fit_transient": 0.0, "fit_permanent": 0.0}
+    for m in ("single-bit", "single-word", "single-column", "single-bank", "multi-bank",
+              "multi-rank")}}
+
+
+@pytest.mark.parametrize(("model", "protection"), [
+    ("nvme-tlc", "shardrs(k=16,m=2)"),          # the analytic DUE used to be exactly 0
+    (ROWS_ONLY, "rs(255,239,interleave=8)"),    # row faults: strided lane errors
+    (ROWS_ONLY, "rs(255,239)"),
+    ("cxl", "rs(255,247)"),
+])
+def test_clustered_classes_match_the_campaign(model: object, protection: str) -> None:
+    """Conditioned on a fault, the share of blocks lost agrees with the analytic model two-
+    sided, now that each clustered class is judged by its own footprint distribution."""
+    cfg = CampaignConfig(tier="nvme", fault_model=model, protection=protection, trials=60,
+                         blocks=10, seed=3, sampling="conditional", chunk_tokens=256,
+                         kv_heads=3, head_dim=64)
+    s = run_campaign(cfg)
+    p = s.prediction
+    share = p.p_due / p.p_error
+    assert s.counts["clean"] == 0
+    assert z_close(s.counts["due"], s.blocks, share), (s.counts, share)
