@@ -7,10 +7,10 @@ a fault model and a residency time, :func:`predict` combines
 * the model's independent background bit errors (its ``"bit"`` event class) through the exact
   binomial tail per decoding unit (Reed-Solomon codeword, BCH chunk, shard), computed in log
   space so that probabilities down to 1e-300 stay accurate;
-* every clustered event class (word, row, burst, sector, poison, region, ...) as a Poisson
-  process whose single event either stays within the code's capability for every unit it
-  touches (corrected) or does not (detected uncorrectable). Interleaving spreads a burst over
-  ``I`` codewords; a shard code loses the shards an event touches.
+* every clustered event class (word, row, burst, sector, poison, region, ...) by the fraction
+  of its patterns that defeat the protection, judged against the real record layout from the
+  class's own footprint distribution (:mod:`rkv.faults.fatality`: strides that alias with
+  interleaving, several sectors in one record, damage that spares the data bytes).
 
 Approximations (stated so that a campaign can check them): combinations of several
 individually correctable events in one unit are ignored (second order in the event rate); a
