@@ -267,79 +267,29 @@ def quiet_tty(args: argparse.Namespace) -> bool:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from policies import PolicyError, available
-    from rkv.replay import (
-        DEFAULT_CAPACITIES,
-        DEFAULT_RECOMPUTE_TPS,
-        SMOLLM2_BLOCK_BYTES,
-        CostModel,
-        parse_capacity,
-        prepare,
-    )
-    from rkv.replay_report import (
-        describe_layout,
-        format_table,
-        parse_budget,
-        parse_layout,
-        plot,
-        stderr_progress,
-        to_json,
-    )
-    from rkv.replay_tiers import replay_all
-    from rkv.traces import read_trace
+    from rkv.replay_report import cli_replay
 
-    if args.limit is not None and args.limit < 1:
-        raise InputError(f"--limit must be at least 1, got {args.limit}")
-    if not args.tiers and (args.promote or args.prefetch_budget or args.prefetch_policy):
-        raise ConfigError("--promote and --prefetch-* apply to --tiers layouts")
-    if args.store and args.tiers:
-        raise ConfigError("--store replays one tier: use --capacity, not --tiers")
-    if any(n < 0 for n in args.lookahead):
-        raise ConfigError(f"--lookahead must be >= 0, got {min(args.lookahead)}")
-    cost = CostModel(
-        block_bytes=SMOLLM2_BLOCK_BYTES if args.block_bytes is None else args.block_bytes,
-        bandwidth=args.bandwidth * 1e9, latency=args.latency * 1e-6,
-        recompute_tps=DEFAULT_RECOMPUTE_TPS if args.recompute_tps is None else args.recompute_tps)
-    layouts = [parse_layout(t) for t in args.tiers]
-    capacities = [parse_capacity(c) for c in
-                  (args.capacity or ([] if layouts else DEFAULT_CAPACITIES))]
-    budget = None if args.prefetch_budget is None else parse_budget(args.prefetch_budget)
-    promote = args.promote or "hit"
-    if promote not in ("hit", "never"):
-        raise ConfigError(f"--promote must be hit or never, got {promote!r}")
-    specs = args.policy or available()
-    trace = prepare(read_trace(args.trace, args.format, args.limit), cost)
-    progress = None if args.quiet or not sys.stderr.isatty() else stderr_progress
-    try:
-        results = replay_all(trace, specs, capacities, layouts, cost, progress=progress,
-                             lookaheads=args.lookahead or [0], promote=promote,
-                             prefetch_budget=budget,
-                             prefetch_policy=args.prefetch_policy or "queue")
-        if args.store:
-            from rkv.replay_store import run_on_store
+    return cli_replay(args)
 
-            results += run_on_store(trace, specs, capacities, args.store, cost,
-                                    lookaheads=args.lookahead or [0], progress=progress)
-    except PolicyError as exc:
-        raise ConfigError(f"policy misbehaved: {exc}") from exc
-    model = (f"{args.bandwidth:g} GB/s + {args.latency:g} us per hit block, "
-             if capacities else "")
-    print(f"{args.trace}: {trace.requests} requests, {len(trace.refs)} block references, "
-          f"{trace.unique} unique blocks of {human_bytes(cost.block_bytes)}; TTFT modeled as "
-          f"{model}{cost.recompute_tps:g} tokens/s recompute")
-    for lay in layouts:
-        print(describe_layout(lay, trace, cost, promote, budget))
-    print()
-    print(format_table(results, markdown=args.markdown))
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rkv.faults.validate import Z_LIMIT, markdown, run_matrix, to_json
+
+    if args.trials < 1 or args.workers < 1:
+        raise InputError("--trials and --workers must be at least 1")
+
+    def progress(i: int, n: int, cell: Any) -> None:
+        print(f"\r{i}/{n} cells ({cell.model}, {cell.protection})", end="", file=sys.stderr,
+              flush=True)
+
+    cells = run_matrix(args.quick, trials=args.trials, workers=args.workers,
+                       progress=None if args.quiet or not sys.stderr.isatty() else progress)
+    print(markdown(cells))
+    bad = [c for c in cells if not c.ok]
+    print(f"\n{len(cells) - len(bad)} of {len(cells)} cells agree within |z| <= {Z_LIMIT:g}")
     if args.json:
-        doc = to_json(results, trace, cost, {
-            "trace": str(args.trace), "format": args.format, "limit": args.limit,
-            "layouts": [lay.text for lay in layouts], "promote": promote,
-            "prefetch_budget": None if budget is None else budget.text})
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
-    if args.plot:
-        plot(results, args.plot, title=f"{Path(args.trace).name}: prefix-token hit ratio")
-    return 0
+        Path(args.json).write_text(json.dumps(to_json(cells), indent=2) + "\n")
+    return 1 if bad else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -356,6 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--repair", action="store_true",
                      help="rewrite blocks that needed correction from their corrected data")
     ver.set_defaults(fn=cmd_verify)
+    val = sub.add_parser("validate", help="campaigns against the analytic model, every preset "
+                         "x every code; exit 1 if a cell disagrees (|z| > 4)")
+    val.add_argument("--quick", action="store_true", help="a small subset (seconds)")
+    val.add_argument("--trials", type=int, default=40, help="trials of 10 blocks per cell")
+    val.add_argument("--workers", type=int, default=1)
+    val.add_argument("--json", metavar="PATH", help="write every cell as JSON here")
+    val.add_argument("--quiet", action="store_true", help="no progress output")
+    val.set_defaults(fn=cmd_validate)
     mig = sub.add_parser("migrate", help="upgrade a store's index to the current format")
     mig.add_argument("path")
     mig.set_defaults(fn=cmd_migrate)

@@ -7,6 +7,7 @@ module stays small.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rkv.errors import ConfigError
+from rkv.errors import ConfigError, InputError
 from rkv.replay import BELADY, INFINITE, Capacity, CostModel, Result, Trace, parse_capacity
 from rkv.results import human_bytes
 
@@ -250,3 +251,71 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "") -> None:
 
 def stderr_progress(msg: str) -> None:
     print(f"  replaying {msg}", file=sys.stderr, flush=True)
+
+
+def cli_replay(args: Any) -> int:
+    """``rkv replay``: the command line's driver (arguments parsed by :mod:`rkv.cli`)."""
+    from policies import PolicyError, available
+    from rkv.replay import (
+        DEFAULT_CAPACITIES,
+        DEFAULT_RECOMPUTE_TPS,
+        SMOLLM2_BLOCK_BYTES,
+        CostModel,
+        parse_capacity,
+        prepare,
+    )
+    from rkv.replay_tiers import replay_all
+    from rkv.traces import read_trace
+
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit must be at least 1, got {args.limit}")
+    if not args.tiers and (args.promote or args.prefetch_budget or args.prefetch_policy):
+        raise ConfigError("--promote and --prefetch-* apply to --tiers layouts")
+    if args.store and args.tiers:
+        raise ConfigError("--store replays one tier: use --capacity, not --tiers")
+    if any(n < 0 for n in args.lookahead):
+        raise ConfigError(f"--lookahead must be >= 0, got {min(args.lookahead)}")
+    cost = CostModel(
+        block_bytes=SMOLLM2_BLOCK_BYTES if args.block_bytes is None else args.block_bytes,
+        bandwidth=args.bandwidth * 1e9, latency=args.latency * 1e-6,
+        recompute_tps=DEFAULT_RECOMPUTE_TPS if args.recompute_tps is None else args.recompute_tps)
+    layouts = [parse_layout(t) for t in args.tiers]
+    capacities = [parse_capacity(c) for c in
+                  (args.capacity or ([] if layouts else DEFAULT_CAPACITIES))]
+    budget = None if args.prefetch_budget is None else parse_budget(args.prefetch_budget)
+    promote = args.promote or "hit"
+    if promote not in ("hit", "never"):
+        raise ConfigError(f"--promote must be hit or never, got {promote!r}")
+    specs = args.policy or available()
+    trace = prepare(read_trace(args.trace, args.format, args.limit), cost)
+    progress = None if args.quiet or not sys.stderr.isatty() else stderr_progress
+    try:
+        results = replay_all(trace, specs, capacities, layouts, cost, progress=progress,
+                             lookaheads=args.lookahead or [0], promote=promote,
+                             prefetch_budget=budget,
+                             prefetch_policy=args.prefetch_policy or "queue")
+        if args.store:
+            from rkv.replay_store import run_on_store
+
+            results += run_on_store(trace, specs, capacities, args.store, cost,
+                                    lookaheads=args.lookahead or [0], progress=progress)
+    except PolicyError as exc:
+        raise ConfigError(f"policy misbehaved: {exc}") from exc
+    model = (f"{args.bandwidth:g} GB/s + {args.latency:g} us per hit block, "
+             if capacities else "")
+    print(f"{args.trace}: {trace.requests} requests, {len(trace.refs)} block references, "
+          f"{trace.unique} unique blocks of {human_bytes(cost.block_bytes)}; TTFT modeled as "
+          f"{model}{cost.recompute_tps:g} tokens/s recompute")
+    for lay in layouts:
+        print(describe_layout(lay, trace, cost, promote, budget))
+    print()
+    print(format_table(results, markdown=args.markdown))
+    if args.json:
+        doc = to_json(results, trace, cost, {
+            "trace": str(args.trace), "format": args.format, "limit": args.limit,
+            "layouts": [lay.text for lay in layouts], "promote": promote,
+            "prefetch_budget": None if budget is None else budget.text})
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if args.plot:
+        plot(results, args.plot, title=f"{Path(args.trace).name}: prefix-token hit ratio")
+    return 0
