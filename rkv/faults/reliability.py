@@ -75,6 +75,11 @@ class _Geometry:
     last_symbols: int = 0  # length of a shortened last unit (0: all units full)
 
 
+def _log1m(x: float) -> float:
+    """log(1 - x), -inf for x >= 1 (a certain loss; 1.0 - 1e-300 rounds to 1.0)."""
+    return math.log1p(-x) if x < 1.0 else -math.inf
+
+
 def _log_binom_tail(n: int, q: float, t: int) -> float:
     """log P(Binomial(n, q) > t), accurate for tiny q."""
     if q <= 0.0 or t >= n:
@@ -93,7 +98,7 @@ def _log_unit_ok(symbols: int, q: float, t: int) -> float:
     """log P(a unit of ``symbols`` symbols with symbol error probability q decodes)."""
     lt = _log_binom_tail(symbols, q, t)
     fail = math.exp(lt) if lt > -700 else 0.0
-    return math.log1p(-min(fail, 1.0 - 1e-300))
+    return _log1m(fail)
 
 
 def _geometry(protection: str, data_bytes: int) -> _Geometry:
@@ -162,7 +167,7 @@ def _shard_fail(g: _Geometry, p_bit: float) -> float:
     nsh, m = g.unit_symbols, g.t
     qb = -math.expm1(8 * math.log1p(-p_bit))
     lt_col = _log_binom_tail(nsh, qb, m // 2)
-    col_fail = -math.expm1(g.shard_bytes * math.log1p(-min(math.exp(lt_col), 1 - 1e-300)))
+    col_fail = -math.expm1(g.shard_bytes * _log1m(math.exp(lt_col)))
     in_col = m // 2 + 1
     q_shard = -math.expm1(8 * (g.shard_bytes + g.check_bytes) * math.log1p(-p_bit))
     others = math.exp(_log_binom_tail(nsh - in_col, q_shard, m - in_col)) \
@@ -215,7 +220,7 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
         from rkv.faults.fatality import class_fatality
 
         for _, p_fire, fatal in class_fatality(model, protection, data_bytes, hours):
-            log_ok += math.log1p(-min(p_fire * fatal, 1.0 - 1e-300))
+            log_ok += _log1m(p_fire * fatal)
     # Background independent bit errors, exactly per decoding unit.
     if p_bit > 0:
         if g.kind == "raw":
@@ -230,7 +235,7 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
             if g.kind == "detect":
                 log_ok += 8 * payload * math.log1p(-p_bit)
             elif g.kind == "shard":
-                log_ok += math.log1p(-min(_shard_fail(g, p_bit), 1.0 - 1e-300))
+                log_ok += _log1m(_shard_fail(g, p_bit))
             else:
                 full = g.units - (1 if g.last_symbols else 0)
                 log_ok += full * _log_unit_ok(g.unit_symbols, q, g.t)
@@ -244,7 +249,7 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
                 pos = -math.expm1(8 * header_copy * math.log1p(-min(twice, 1.0)))
                 # P(no intact copy) x P(a position is wrong twice | every copy has errors).
                 fail = qh ** 3 * min(1.0, pos / (qh * qh)) if qh > 0 else 0.0
-                log_ok += math.log1p(-min(fail, 1.0 - 1e-300))
+                log_ok += _log1m(fail)
     if g.kind == "raw":
         p_due = -math.expm1(log_ok)
         p_sdc = -math.expm1(log_undetected) * (1 - p_due)

@@ -215,3 +215,12 @@ def test_clustered_classes_match_the_campaign(model: object, protection: str) ->
     share = p.p_due / p.p_error
     assert s.counts["clean"] == 0
     assert z_close(s.counts["due"], s.blocks, share), (s.counts, share)
+
+
+@pytest.mark.parametrize("protection", ["shardrs(k=8,m=2)", "rs(255,239)", "bch(m=13,t=8)",
+                                        "none"])
+def test_certain_loss_is_a_probability_not_a_crash(protection: str) -> None:
+    import faultmodels
+
+    p = predict(protection, 16384, faultmodels.get_model(raw_ber(1e-2)), 24.0)
+    assert p.p_due == pytest.approx(1.0) and p.p_corrected == pytest.approx(0.0, abs=1e-12)
