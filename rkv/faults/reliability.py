@@ -174,7 +174,8 @@ def _shard_fail(g: _Geometry, p_bit: float) -> float:
         if m >= in_col else 1.0
     q_check = -math.expm1(8 * g.check_bytes * math.log1p(-p_bit))
     checks = math.exp(_log_binom_tail(nsh, q_check, m))
-    return min(1.0, col_fail * others + checks)
+    # Either way loses the block; the two are nearly independent (columns vs. the table).
+    return 1.0 - (1.0 - min(1.0, col_fail * others)) * (1.0 - checks)
 
 
 def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
