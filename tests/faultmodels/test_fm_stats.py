@@ -207,12 +207,16 @@ def test_given_error_matches_rejection(case: str) -> None:
 
 
 def test_p_any_error_rare_regime_raw_ber() -> None:
+    """Against exact decimal arithmetic: 1 - (1 - ber)^(8 n), 60 digits, no logarithms."""
+    from decimal import Decimal, localcontext
+
     n = 1 << 20
-    for ber in (1e-27, 1e-22, 1e-15):
-        m = fm.RawBerModel(ber=ber)
-        x = 8 * n * ber
-        series = x - x * x / 2 + x**3 / 6
-        assert m.p_any_error(n, 1.0) == pytest.approx(series, rel=1e-12)
+    for ber in ("1e-27", "1e-22", "1e-15"):
+        m = fm.RawBerModel(ber=float(ber))
+        with localcontext() as ctx:
+            ctx.prec = 60
+            exact = 1 - (1 - Decimal(ber)) ** (8 * n)
+        assert m.p_any_error(n, 1.0) == pytest.approx(float(exact), rel=1e-12)
     assert 1.0 - math.exp(-8 * n * 1e-27) == 0.0  # what a naive formula would return
 
 
@@ -235,7 +239,12 @@ def test_p_any_error_rare_regime_presets(case: str) -> None:
     evs = m.events(n, h)
     s = math.fsum(e.mean for e in evs)
     assert 1e-26 < s < 1e-15, s
-    assert m.p_any_error(n, h) == pytest.approx(s - s * s / 2, rel=1e-9)
+    from decimal import Decimal, localcontext
+
+    with localcontext() as ctx:             # exact arithmetic, not the same expm1 path
+        ctx.prec = 60
+        exact = 1 - (-sum(Decimal(e.mean) for e in evs)).exp()
+    assert m.p_any_error(n, h) == pytest.approx(float(exact), rel=1e-9)
     rng = np.random.default_rng(1)
     for _ in range(20):
         assert not m.sample_given_error(n, h, rng).is_empty
