@@ -57,30 +57,26 @@ class Layout:
 
 
 def layout_for(protection: str, data_bytes: int) -> Layout:
+    """The record's framing (from the record format) and the code's units (from
+    :func:`rkv.faults.reliability.geometry`, the one place a codec spec is interpreted)."""
+    from rkv.faults.reliability import geometry
+
     codec = codec_for(protection)
     header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16), shape=(2, 1, 1, 1),
                           dtype="float16", data_len=0, payload_len=0)
     record = record_size(header, data_bytes, codec)
     payload = codec.encoded_size(data_bytes) if codec is not None else data_bytes
     off, hlen = record_framing(header, data_bytes, codec)
-    if codec is None or codec.codec_id in ("xxh3", "crc32c", "none"):
-        return Layout("detect", record, hlen, off, payload, data_bytes, ())
-    cfg = codec.get_config()
-    if codec.codec_id == "rs":
-        n, k = int(cfg["n"]), int(cfg["k"])
-        params = (n - k, k, int(cfg.get("interleave", 1)), (n - k) // 2)
-        return Layout("rs", record, hlen, off, payload, data_bytes, params)
-    if codec.codec_id == "bch":
-        m, t = int(cfg["m"]), int(cfg["t"])
-        from rkv.faults.reliability import bch_chunk
-
-        chunk = int(cfg.get("chunk_bytes") or bch_chunk(codec))
-        return Layout("bch", record, hlen, off, payload, data_bytes,
-                      (chunk, -(-m * t // 8), t))
-    k, m = int(cfg["k"]), int(cfg["m"])
-    check = 8 if str(cfg.get("checksum", "xxh3")) == "xxh3" else 4
-    shard = int(getattr(codec, "shard_size")(data_bytes))  # noqa: B009 - shard RS only
-    return Layout("shard", record, hlen, off, payload, data_bytes, (k, m, shard, check))
+    g = geometry(protection, data_bytes)
+    params: tuple[int, ...] = ()
+    if g.kind == "rs":
+        k = g.group // g.interleave
+        params = (g.unit_symbols - k, k, g.interleave, g.t)
+    elif g.kind == "bch":
+        params = (g.group, -(-(g.unit_symbols - 8 * g.group) // 8), g.t)
+    elif g.kind == "shard":
+        params = (g.unit_symbols - g.t, g.t, g.shard_bytes, g.check_bytes)
+    return Layout(g.kind, record, hlen, off, payload, data_bytes, params)
 
 
 def _masks(pattern: Any, record: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -34,10 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from rkv.blockcodec import codec_for, record_size
+from rkv.blockcodec import codec_for
 from rkv.ecc.shardrs import ShardRSCodec
 from rkv.errors import ConfigError
-from rkv.record import RecordHeader
 
 #: Collision probability of the end-to-end checksum (xxh3_128) for a wrong block.
 CHECKSUM_MISS = 2.0 ** -128
@@ -101,7 +100,8 @@ def _log_unit_ok(symbols: int, q: float, t: int) -> float:
     return _log1m(fail)
 
 
-def _geometry(protection: str, data_bytes: int) -> _Geometry:
+def geometry(protection: str, data_bytes: int) -> _Geometry:
+    """The decoding units of ``protection`` over ``data_bytes`` (parsed once, here)."""
     if protection == RAW:
         return _Geometry("raw", 1, data_bytes, 0, 8, data_bytes, 1)
     codec = codec_for(protection)
@@ -186,17 +186,16 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
     """Outcome probabilities for one block stored under ``protection`` for ``hours``."""
     if data_bytes <= 0:
         raise ConfigError("data_bytes must be positive")
-    g = _geometry(protection, data_bytes)
+    g = geometry(protection, data_bytes)
     if g.kind == "raw":
         record, payload, header_copy = data_bytes, data_bytes, 0
     else:
-        codec = codec_for(protection)
-        header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
-                              shape=(2, 1, 1, 1), dtype="float16",
-                              data_len=0, payload_len=0)
-        record = record_size(header, data_bytes, codec)
-        payload = codec.encoded_size(data_bytes) if codec is not None else data_bytes
-        header_copy = (record - payload - 24) // 3
+        # The record's real framing (the payload is 64-byte aligned, so the header copies
+        # are not simply a third of what is not payload).
+        from rkv.faults.fatality import layout_for
+
+        lay = layout_for(protection, data_bytes)
+        record, payload, header_copy = lay.record, lay.payload, lay.hlen
     p_error = float(model.p_any_error(record, hours))
     log_ok = 0.0          # log P(no fatal event and background within capability)
     log_undetected = 0.0  # raw: log P(no undetected error)
