@@ -1,12 +1,7 @@
 """First in, first out: insertion order, hits do not reorder. O(1) per event.
 
-Also home of the soft-pin helpers the other built-in policies share:
-
-* an item whose ``deadline`` lies after the latest ``now`` the policy has been told (through
-  :meth:`~policies.base.EvictionPolicy.on_insert` / ``on_access``) is *soft-pinned*;
-* :func:`take_soft` walks a policy's eviction order like ``EvictionPolicy.take`` but defers
-  soft-pinned keys: they are returned (in policy order, after every unpinned key) only when the
-  unpinned, unprotected keys cannot free ``need`` bytes on their own.
+Soft-pinned items (a ``deadline`` after the latest ``now``) go last, through
+:func:`policies.base.take_soft`.
 """
 
 from __future__ import annotations

@@ -55,6 +55,13 @@ _NONE = _Missing.NONE
 _MAX_FREQ = 3
 
 
+def _put_back(queue: OrderedDict[Hashable, None], skipped: list[Hashable]) -> None:
+    """Return keys a walk stepped over to the tail, in their order (they stay next to go)."""
+    for t in reversed(skipped):
+        queue[t] = None
+        queue.move_to_end(t, last=False)
+
+
 @register("s3fifo")
 class S3FIFO(PlannedEviction):
     """S3-FIFO. ``small``: share of the capacity bytes for the small FIFO; ``threshold``: the
@@ -157,9 +164,7 @@ class S3FIFO(PlannedEviction):
             else:
                 skipped.append(t)
         self._s_bytes -= moved
-        for t in reversed(skipped):
-            s[t] = None
-            s.move_to_end(t, last=False)
+        _put_back(s, skipped)
         if found:
             self._s_bytes -= victim.size
             g = self._g
@@ -186,9 +191,7 @@ class S3FIFO(PlannedEviction):
                 break
             else:
                 skipped.append(t)
-        for t in reversed(skipped):
-            m[t] = None
-            m.move_to_end(t, last=False)
+        _put_back(m, skipped)
         return found
 
     # -- asked: the same procedure on a virtual state --------------------------------------------

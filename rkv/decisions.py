@@ -79,23 +79,20 @@ class Protected:
     this process, or pinned chunks (looked up in the transaction only when a policy asks
     about a candidate)."""
 
-    __slots__ = ("inflight", "ix", "keys", "queued", "txn")
+    __slots__ = ("decide", "keys", "txn")
 
     def __init__(self, keys: set[bytes], decide: Decisions, txn: Any) -> None:
-        self.keys, self.txn = keys, txn
-        self.inflight, self.queued, self.ix = decide.inflight, decide.queued, decide.ix
+        self.keys, self.decide, self.txn = keys, decide, txn
 
     def __contains__(self, key: object) -> bool:
-        if key in self.keys or key in self.inflight or key in self.queued:
+        d = self.decide
+        if key in self.keys or key in d.inflight or key in d.queued:
             return True
-        meta = self.ix.read_chunk(self.txn, key) if isinstance(key, bytes) else None
+        meta = d.ix.read_chunk(self.txn, key) if isinstance(key, bytes) else None
         return meta is not None and meta.pins > 0
 
     def plus(self, key: bytes) -> Protected:
-        new = Protected.__new__(Protected)
-        new.keys, new.txn = self.keys | {key}, self.txn
-        new.inflight, new.queued, new.ix = self.inflight, self.queued, self.ix
-        return new
+        return Protected(self.keys | {key}, self.decide, self.txn)
 
 
 class Decisions:

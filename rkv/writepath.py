@@ -81,6 +81,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     per_tier: Counter[str] = Counter()
     written = deduped = blocks = nbytes = refused = 0
     scratch = Scratch()
+    sizes: dict[tuple[str, int], int] = {}     # chunk bytes per (tier, tokens)
     for i, key in enumerate(keys):
         mine.add(key)
         try:
@@ -97,10 +98,14 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                               data_len=0, payload_len=0)
         data_bytes = plan.arr[0, :, start:end].nbytes
 
-        def chunk_size(tier: str, header: RecordHeader = header,
-                       data_bytes: int = data_bytes) -> int:
-            return record_size(header, data_bytes, engine._codecs[tier],
-                               quant_for(engine._quants[tier], header)) * spec.n_layers
+        def chunk_size(tier: str, header: RecordHeader = header, data_bytes: int = data_bytes,
+                       n: int = end - start) -> int:
+            size = sizes.get((tier, n))
+            if size is None:   # the same for every chunk of n tokens: framed once per put
+                size = sizes[tier, n] = record_size(
+                    header, data_bytes, engine._codecs[tier],
+                    quant_for(engine._quants[tier], header)) * spec.n_layers
+            return size
 
         item = Item(key, size=chunk_size(decide.order[0]), group=fp, depth=i,
                     parent=keys[i - 1] if i else None,
