@@ -26,18 +26,25 @@ The model (all approximations are listed in the docs):
   a buffer is Poisson with mean ``FIT_m*1e-9*hours*(n + (count-1)*min(stride, n))/device_bytes``;
   for contiguous modes this is ``FIT*1e-9*hours*(n + span - word)/device_bytes``.
 * Faulty cells always read wrong (the FaultSim convention: the whole range is faulty).
-* System ECC decides what the host sees, per fault: ``none``: all flips; ``secded``: modes
-  with one wrong bit per word are corrected, the others are detected uncorrectable (DUE) and
-  reported as poison over the 64-byte lines they touch (nothing silent: SEC-DED
-  miscorrection of >= 3-bit errors is ignored); ``chipkill``: every single-device fault is
-  corrected. On-die ECC (DDR5) corrects modes with at most one wrong bit per 128-bit on-die
-  codeword (single-bit and single-column faults) inside the chip.
+* System ECC decides what the host sees, per fault: ``none``: all flips; ``secded``: a (72,64)
+  Hsiao SEC-DED per 64-bit word ((40,32) per 32-bit DDR5 sub-channel; Hsiao, IBM J. Res.
+  Dev. 1970): modes with one wrong bit per word are corrected; a fault with more wrong bits
+  per word is, by the exact lane-pattern fractions of the code (`faultmodels.wordecc`,
+  `faultmodels.dram_secded`), either detected uncorrectable (DUE: poison over the 64-byte
+  lines it touches) or silent (an undetected even-weight error, or an odd-weight error the
+  decoder miscorrects with one more flip: silent data corruption); ``chipkill``
+  (single-symbol correct, double-symbol detect; Dell, IBM white paper 1997): every
+  single-device fault is corrected. On-die ECC (DDR5) corrects modes with at most one wrong
+  bit per 128-bit on-die codeword (single-bit and single-column faults) inside the chip; its
+  own miscorrections are not modelled.
 * Faults that the system ECC corrects alone become uncorrectable when two of them hit the
   same ECC word while the first is still present (permanent: until the end of the
   residency; transient: until the next scrub, at a uniformly random phase of a
   ``scrub_hours`` period). These coincidences are one Poisson class (second order in the
-  rates) that poisons the 64-byte lines holding the shared words. Two faults in the same
-  device are counted too (chipkill would correct them: a small over-estimate).
+  rates) that poisons the 64-byte lines holding the shared words: two single-bit errors in a
+  word are always detected by SEC-DED, and two devices' errors always by chipkill's double-
+  symbol detection, so no coincidence is miscorrected. Two faults in the same device are
+  counted too (chipkill would correct them: a small over-estimate).
 """
 
 from __future__ import annotations
@@ -49,16 +56,24 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from . import dram_secded
 from ._checks import (
     as_bool,
     as_choice,
     as_float,
     as_int,
     as_str,
-    check_keys,
     split_params,
 )
-from ._dist import IntArray, runs
+from ._dist import IntArray
+from ._dram_geom import (
+    _hit_origin,
+    _hits,
+    _in_range,
+    _line_erasures,
+    _pairs,
+    _persist_integral,
+)
 from .base import (
     ErrorPattern,
     EventClass,
@@ -66,76 +81,20 @@ from .base import (
     FaultModel,
     poisson_class,
 )
+from .dram_modes import (
+    MODE_KIND,
+    MODE_NAMES,
+    SC12_FIT,
+    DramMode,
+    default_modes,
+    mode_from_dict,
+)
 from .errors import FaultModelError
 
-__all__ = ["MODE_NAMES", "SC12_FIT", "DramMode", "DramModel"]
+__all__ = ["ECC_CHOICES", "MODE_NAMES", "SC12_FIT", "DramMode", "DramModel"]
 
-MODE_NAMES = (
-    "single-bit",
-    "single-word",
-    "single-column",
-    "single-row",
-    "single-bank",
-    "multi-bank",
-    "multi-rank",
-)
-_KIND = {
-    "single-bit": "bit",
-    "single-word": "word",
-    "single-column": "column",
-    "single-row": "row",
-    "single-bank": "bank",
-    "multi-bank": "bank",
-    "multi-rank": "bank",
-}
-#: FIT per device (transient, permanent): Sridharan & Liberty, SC12 (as in AMD FaultSim).
-SC12_FIT: dict[str, tuple[float, float]] = {
-    "single-bit": (14.2, 18.6),
-    "single-word": (1.4, 0.3),
-    "single-column": (1.4, 5.6),
-    "single-row": (0.2, 8.2),
-    "single-bank": (0.8, 10.0),
-    "multi-bank": (0.3, 1.4),
-    "multi-rank": (0.9, 2.8),
-}
 ECC_CHOICES = ("none", "secded", "chipkill")
 ON_DIE_DATA_BITS = 128  # DDR5 on-die ECC: (136,128) SEC per 128 data bits of one device
-
-
-@dataclass(frozen=True)
-class DramMode:
-    """Rates and footprint of one fault mode. `None` footprint fields are derived from the
-    model's geometry (see `DramModel.resolved_modes`). Modes left out of a model keep their
-    SC12 rates; set both FITs to 0 to switch a mode off."""
-
-    fit_transient: float
-    fit_permanent: float
-    span_bytes: int | None = None
-    stride_bytes: int | None = None
-    bits_per_word: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "fit_transient",
-                           as_float(self.fit_transient, "fit_transient", lo=0.0))
-        object.__setattr__(self, "fit_permanent",
-                           as_float(self.fit_permanent, "fit_permanent", lo=0.0))
-        for k in ("span_bytes", "stride_bytes", "bits_per_word"):
-            v = getattr(self, k)
-            if v is not None:
-                object.__setattr__(self, k, as_int(v, k, lo=1))
-
-    def params(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"fit_transient": self.fit_transient,
-                             "fit_permanent": self.fit_permanent}
-        for k in ("span_bytes", "stride_bytes", "bits_per_word"):
-            v = getattr(self, k)
-            if v is not None:
-                d[k] = v
-        return d
-
-
-def _default_modes() -> tuple[tuple[str, DramMode], ...]:
-    return tuple((m, DramMode(*SC12_FIT[m])) for m in MODE_NAMES)
 
 
 @dataclass(frozen=True)
@@ -150,77 +109,7 @@ class _Cls:
     stride: int
     count: int
     bits: int
-    fate: str  # "escape" | "correct" | "ondie"
-
-
-def _hits(n: int, count: int, stride: int) -> int:
-    """Number of origins whose `count` positions at `stride` touch an n-unit region."""
-    return n + (count - 1) * min(stride, n)
-
-
-def _sum_min_ramp(a: int, n: int, c: int) -> float:
-    """Sum over the origins of a run of length a that touch an n-unit region of
-    min(c, overlap length)."""
-    m, big = min(a, n), max(a, n)
-
-    def s(k: int) -> float:  # sum_{l=1..k} min(c, l)
-        if k <= 0:
-            return 0.0
-        if c >= k:
-            return k * (k + 1) / 2.0
-        return c * (c + 1) / 2.0 + c * (k - c)
-
-    return 2.0 * s(m - 1) + (big - m + 1) * min(c, m)
-
-
-def _pairs(n: int, ai: int, si: int, aj: int, sj: int) -> float:
-    """Ordered origin pairs (o_i, o_j) whose affected words share a word inside an n-word
-    region. Exact for equal strides and for a run against a lattice; a union bound (expected
-    shared words) for two lattices of different strides."""
-    si = 1 if ai == 1 else si
-    sj = 1 if aj == 1 else sj
-    if si == sj:
-        return float(ai) * n + float(_hits(n, ai, si)) * (aj - 1)
-    if si == 1:
-        return float(ai) * n + (aj - 1) * _sum_min_ramp(ai, n, sj)
-    if sj == 1:
-        return float(aj) * n + (ai - 1) * _sum_min_ramp(aj, n, si)
-    return float(n) * ai * aj
-
-
-def _persist_integral(h: float, tau: float) -> float:
-    """integral_{0<ta<tb<h} P(a fault born at ta is still present at tb); a fault lasts
-    until the next scrub (period tau, uniform phase) or forever (tau = inf)."""
-    if math.isinf(tau):
-        return h * h / 2.0
-    if h <= tau:
-        return h * h / 2.0 - h ** 3 / (6.0 * tau)
-    return tau * tau / 3.0 + (h - tau) * tau / 2.0
-
-
-def _line_erasures(byte_idx: IntArray, line: int, n: int) -> list[tuple[int, int, str]]:
-    lines = np.unique(byte_idx // line)
-    starts, ends = runs(lines)
-    out = []
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        a, b = s * line, min(e * line, n)
-        out.append((a, b - a, "poison"))
-    return out
-
-
-def _in_range(o: int, count: int, stride: int, n: int) -> tuple[int, int]:
-    """Index range [klo, khi] of positions o + k*stride (0 <= k < count) inside [0, n)."""
-    klo = max(0, -(o // stride))
-    khi = min(count - 1, (n - 1 - o) // stride)
-    return klo, khi
-
-
-def _hit_origin(count: int, stride: int, n: int, rng: np.random.Generator) -> int:
-    """A uniform origin among those whose positions touch [0, n)."""
-    if count == 1 or stride >= n:
-        k = int(rng.integers(count))
-        return int(rng.integers(n)) - k * stride
-    return int(rng.integers(-(count - 1) * stride, n))
+    fate: str  # "escape" | "secded" (split by the Hsiao code) | "correct" | "ondie"
 
 
 @dataclass(frozen=True)
@@ -240,7 +129,7 @@ class DramModel(FaultModel):
     scrub_hours: float = 3.0
     fit_multiplier: float = 1.0
     poison_bytes: int = 64
-    modes: tuple[tuple[str, DramMode], ...] = field(default_factory=_default_modes)
+    modes: tuple[tuple[str, DramMode], ...] = field(default_factory=default_modes)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -299,7 +188,7 @@ class DramModel(FaultModel):
                     raise FaultModelError(
                         f"dram: unknown fault mode {name!r}; modes: {', '.join(MODE_NAMES)}")
                 if isinstance(m, Mapping):
-                    m = _mode_from_dict(name, m)
+                    m = mode_from_dict(name, m)
                 if not isinstance(m, DramMode):
                     raise FaultModelError(f"dram: mode {name!r} must be a DramMode or a dict")
                 got[name] = m
@@ -365,7 +254,7 @@ class DramModel(FaultModel):
         if self.system_ecc == "none":
             return "escape"
         if self.system_ecc == "secded":
-            return "correct" if bits == 1 else "escape"
+            return "correct" if bits == 1 else "secded"
         return "correct"
 
     def _class_list(self) -> list[_Cls]:
@@ -379,7 +268,7 @@ class DramModel(FaultModel):
             fate = self._fate(count, stride, bits)
             for transient, fit in ((True, g["fit_transient"]), (False, g["fit_permanent"])):
                 if fit > 0.0 and scale > 0.0:
-                    out.append(_Cls(name, _KIND[name], transient, fit * scale,
+                    out.append(_Cls(name, MODE_KIND[name], transient, fit * scale,
                                     int(g["span_bytes"]), stride, count, bits, fate))
         object.__setattr__(self, "_dram_cls", out)
         return out
@@ -488,6 +377,9 @@ class DramModel(FaultModel):
         out: list[EventClass] = []
         detected = self.system_ecc != "none"
         for c in self._class_list():
+            if c.fate == "secded":
+                out.extend(dram_secded.secded_classes(self, c, n, h))
+                continue
             if c.fate != "escape":
                 continue
             hits = _hits(n, c.count, c.stride)
@@ -540,7 +432,15 @@ class DramModel(FaultModel):
         pb = self.poison_bytes
         lam_flip = 0.0
         lam_line = 0.0
+        wb = self.word_bytes
         for c in self._class_list():
+            if c.fate == "secded":
+                lo, _, _, sw = dram_secded.lanes(self, c, pb)
+                f = lo.silent_fraction()
+                lam_line += c.rate * h * _hits(pb // wb, c.count, sw) * float(np.sum(1.0 - f))
+                lam_flip += (c.rate * h * c.count * float(np.sum(f * np.array(lo.wrong_bits)))
+                             / (8.0 * wb))
+                continue
             if c.fate != "escape":
                 continue
             if self.system_ecc == "none":
@@ -580,7 +480,7 @@ class DramModel(FaultModel):
             given = kw["modes"]
             if not isinstance(given, Mapping):
                 raise FaultModelError("dram.modes must be a table of mode name -> parameters")
-            merged = dict(_default_modes())
+            merged = dict(default_modes())
             for name, md in given.items():
                 if name not in MODE_NAMES:
                     raise FaultModelError(
@@ -590,22 +490,6 @@ class DramModel(FaultModel):
                     continue
                 if not isinstance(md, Mapping):
                     raise FaultModelError(f"dram.modes.{name} must be a table")
-                merged[name] = _mode_from_dict(name, {**merged[name].params(), **md})
+                merged[name] = mode_from_dict(name, {**merged[name].params(), **md})
             kw["modes"] = tuple((n, merged[n]) for n in MODE_NAMES)
         return cls(**kw)
-
-
-def _mode_from_dict(name: str, d: Mapping[str, Any]) -> DramMode:
-    allowed = ("fit_transient", "fit_permanent", "span_bytes", "stride_bytes", "bits_per_word")
-    check_keys(d, allowed, f"dram mode {name}")
-    base = SC12_FIT[name]
-    try:
-        return DramMode(
-            d.get("fit_transient", base[0]),
-            d.get("fit_permanent", base[1]),
-            d.get("span_bytes"),
-            d.get("stride_bytes"),
-            d.get("bits_per_word"),
-        )
-    except FaultModelError as e:
-        raise FaultModelError(f"dram mode {name}: {e}") from None
