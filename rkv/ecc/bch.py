@@ -207,21 +207,50 @@ class BCHCodec(Codec):
         return b[: self.data_size(b.shape[0])]
 
     def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
-        """Decode; ``erasures`` are ignored (binary BCH decoding uses error locations only)."""
+        """Decode. ``erasures`` (byte offsets the medium reported unreadable) are decoded by
+        filling them with zeros and with ones and keeping, per chunk, the fill whose decoding
+        changes fewer bits outside the erasures: one fill leaves at most half the erased bits
+        wrong, so ``2e + f <= 2t`` (``e`` unknown bit errors, ``f`` erased bits) is always
+        corrected, and the choice is right whenever that holds."""
         b = as_u8(buf)
         size = self.data_size(b.shape[0])
-        normalize_erasures(erasures, b.shape[0])
+        eras = normalize_erasures(erasures, b.shape[0])
         if size == 0:
             return clean(b"")
         starts, lens = self._chunks(size)
+        if not eras.size:
+            bad, cnt, _, offs, masks = self._fixes(b, size, starts, lens)
+            if bad.size == 0:
+                return clean(b[:size].tobytes())
+            if (cnt < 0).any():
+                return uncorrectable(
+                    f"{int((cnt < 0).sum())} of {lens.shape[0]} chunk(s) have more than "
+                    f"{self._t} bit errors")
+            out = b[:size].copy()
+            keep = offs < size
+            np.bitwise_xor.at(out, offs[keep], masks[keep])
+            return DecodeResult(out.tobytes(), CORRECTED, int(cnt.sum()),
+                                f"{bad.size} chunk(s) repaired")
+        return self._decode_erased(b, size, starts, lens, eras)
+
+    def _unit_of(self, offs: np.ndarray, size: int) -> np.ndarray:
+        """The chunk each byte offset of the encoded buffer belongs to."""
+        return np.where(offs < size, offs // self._cb, (offs - size) // self._eb)
+
+    def _fixes(self, b: U8, size: int, starts: np.ndarray, lens: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Errors-only decoding of every chunk: (chunks with a nonzero syndrome, their
+        correction counts (-1: failed), and per correction its chunk, byte offset in the
+        encoded buffer and bit mask)."""
         eb = self._eb
         calc = lfsr_parity(b[:size], starts, lens, self._tables, self._w)
         rem = calc[:, :eb] ^ b[size:].reshape(-1, eb)
         if 8 * eb != self._ecc_bits:
             rem &= self._coded_mask  # bits below x^0 (zero padding) are not part of the code
         bad = np.flatnonzero(rem.any(axis=1))
+        none = np.zeros(0, dtype=np.int64)
         if bad.size == 0:
-            return clean(b[:size].tobytes())
+            return bad, none, none, none, none.astype(np.uint8)
         f = field(self._m, self._prim)
         nbits = np.ascontiguousarray(8 * lens[bad] + self._ecc_bits)
         out_pos = np.zeros((bad.size, 2 * self._t + 2), dtype=np.int64)
@@ -231,22 +260,44 @@ class BCHCodec(Codec):
             np.ascontiguousarray(rem[bad]), nbits, btab, step8, fix, f.exp, f.log, f.qsol,
             out_pos, out_cnt,
         )
-        failed = out_cnt < 0
-        if failed.any():
-            return uncorrectable(
-                f"{int(failed.sum())} of {lens.shape[0]} chunk(s) have more than "
-                f"{self._t} bit errors"
-            )
-        cols = np.arange(out_pos.shape[1])[None, :] < out_cnt[:, None]
+        cols = np.arange(out_pos.shape[1])[None, :] < np.maximum(out_cnt, 0)[:, None]
         qq = np.broadcast_to(bad[:, None], cols.shape)[cols]
         bit = (nbits[:, None] - 1 - out_pos)[cols]  # bit index from the start of the chunk
-        in_data = bit < 8 * lens[qq]
-        out = b[:size].copy()
-        if in_data.any():
-            bi = bit[in_data]
-            offs = starts[qq[in_data]] + bi // 8
-            masks = (0x80 >> (bi % 8)).astype(np.uint8)
-            np.bitwise_xor.at(out, offs, masks)
-        return DecodeResult(
-            out.tobytes(), CORRECTED, int(out_cnt.sum()), f"{bad.size} chunk(s) repaired"
-        )
+        dlen = 8 * lens[qq]
+        in_data = bit < dlen
+        offs = np.where(in_data, starts[qq] + bit // 8, size + qq * eb + (bit - dlen) // 8)
+        masks = (0x80 >> np.where(in_data, bit, bit - dlen) % 8).astype(np.uint8)
+        return bad, out_cnt, qq, offs, masks
+
+    def _decode_erased(self, b: U8, size: int, starts: np.ndarray, lens: np.ndarray,
+                       eras: np.ndarray) -> DecodeResult:
+        nc = lens.shape[0]
+        erased = np.zeros(b.shape[0], dtype=bool)
+        erased[eras] = True
+        fills, fixed, ok, cost = [], [], [], []
+        for value in (0x00, 0xFF):
+            fb = b.copy()
+            fb[eras] = value
+            bad, cnt, qq, offs, masks = self._fixes(fb, size, starts, lens)
+            good = np.ones(nc, dtype=bool)
+            good[bad[cnt < 0]] = False
+            outside = np.bincount(qq[~erased[offs]], minlength=nc) if qq.size else \
+                np.zeros(nc, dtype=np.int64)
+            np.bitwise_xor.at(fb, offs, masks)
+            fills.append(fb)
+            fixed.append(np.bincount(qq, minlength=nc) if qq.size else np.zeros(nc, np.int64))
+            ok.append(good)
+            cost.append(np.where(good, outside, np.iinfo(np.int64).max))
+        failed = ~(ok[0] | ok[1])
+        if failed.any():
+            return uncorrectable(
+                f"{int(failed.sum())} of {nc} chunk(s) have more errors and erasures than "
+                f"2e + f <= {2 * self._t} allows")
+        pick = cost[1] < cost[0]                      # per chunk: the ones-fill wins
+        unit = self._unit_of(np.arange(size, dtype=np.int64), size)
+        out = np.where(pick[unit], fills[1][:size], fills[0][:size])
+        per_chunk_erased = np.bincount(self._unit_of(eras, size), minlength=nc)
+        n = int(np.where(pick, cost[1], cost[0]).sum() + 8 * per_chunk_erased.sum())
+        touched = int(((fixed[0] > 0) | (per_chunk_erased > 0)).sum())
+        return DecodeResult(out.tobytes(), CORRECTED, n,
+                            f"{touched} chunk(s) repaired ({eras.size} erased byte(s))")

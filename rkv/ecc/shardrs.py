@@ -23,10 +23,11 @@ from ``K`` intact ones (a shard is trusted when its checksum matches: the chance
 corrupted shard matches is ``2^-64`` with xxh3, ``2^-32`` with crc32c); with fewer than ``M``
 erasures the spare intact shards must agree with the rebuilt codeword. With more than ``M``
 failing shards (or if that cross-check fails) every column is decoded on its own, correcting
-up to ``floor(M/2)`` bad bytes per column, and at least ``K`` shards must then pass their
-checksums: ``K`` trusted shards fix every column (the code is MDS), so a shard that still
-fails has a damaged checksum entry, not damaged data, and a flipped bit in the checksum table
-never turns a correctable block into a loss.
+up to ``floor(M/2)`` bad bytes per column (``e`` errors next to ``f`` shards the medium
+reported unreadable, passed as ``erasures``, when ``2e + f <= M``), and at least ``K``
+shards must then pass their checksums: ``K`` trusted shards fix every column (the code is
+MDS), so a shard that still fails has a damaged checksum entry, not damaged data, and a
+flipped bit in the checksum table never turns a correctable block into a loss.
 """
 
 from __future__ import annotations
@@ -225,7 +226,8 @@ class ShardRSCodec(Codec):
             if self._digest(shards[j * s : (j + 1) * s]) != sums[j * cs : (j + 1) * cs].tobytes()
         ]
         lost = set(failed)
-        lost.update(int(x) for x in np.unique(eras[eras < nsh * s] // s))
+        erased = np.unique(eras[eras < nsh * s] // s)
+        lost.update(int(x) for x in erased)
         if not lost:
             size = self._length(shards, s)
             if size is None:  # pragma: no cover - needs a checksum collision
@@ -243,7 +245,7 @@ class ShardRSCodec(Codec):
                         self._assemble(shards, s, repl, size), CORRECTED, n_fixed,
                         f"{len(lost)} shard(s) rebuilt",
                     )
-        res = self._correct_columns(rows, s, sums)
+        res = self._correct_columns(rows, s, sums, erased)
         if res is None:
             return uncorrectable(
                 f"{len(lost)} shard(s) failed their checksum and column decoding failed"
@@ -300,8 +302,11 @@ class ShardRSCodec(Codec):
                 return None  # an intact spare shard disagrees: not a clean erasure pattern
         return repl, n_fixed
 
-    def _correct_columns(self, rows: U64, s: int, sums: U8) -> tuple[U8, int] | None:
-        """Decode every column on its own (errors only); the result must pass all checksums."""
+    def _correct_columns(self, rows: U64, s: int, sums: U8, erased: np.ndarray
+                         ) -> tuple[U8, int] | None:
+        """Decode every column on its own, the shards the medium reported (``erased``) as
+        erasures: a column with ``e`` unknown errors is fixed when ``2e + len(erased) <= m``.
+        The result must pass enough checksums (below)."""
         k, m = self._k, self._m
         nsh = k + m
         synd = np.empty((m, rows.shape[1]), dtype=np.uint64)
@@ -317,9 +322,11 @@ class ShardRSCodec(Codec):
             out_pos = np.zeros((cols.size, m + 2), dtype=np.int64)
             out_mag = np.zeros((cols.size, m + 2), dtype=np.int64)
             out_cnt = np.zeros(cols.size, dtype=np.int64)
+            if erased.size > m:
+                return None
             _gfcore.rs_decode_columns(
-                sb, cols, nsh, np.zeros(0, dtype=np.int64), f.exp, f.log, f.qsol, out_pos,
-                out_mag, out_cnt,
+                sb, cols, nsh, np.ascontiguousarray(erased, dtype=np.int64), f.exp, f.log,
+                f.qsol, out_pos, out_mag, out_cnt,
             )
             if (out_cnt < 0).any():
                 return None
