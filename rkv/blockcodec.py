@@ -13,7 +13,7 @@ is reported as an error, never returned.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -150,21 +150,42 @@ def _encode_data(header: RecordHeader, raw: np.ndarray, quant: Quantizer | None,
     return encode_record(final, payload)
 
 
-def _verified_data(dec: DecodedRecord, codec: Codec | None) -> tuple[Any, int]:
-    """The block's data bytes (before any ECC), verified, and the symbols corrected."""
+def payload_erasures(dec: DecodedRecord, erased: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Byte offsets into the payload of the record ranges ``erased`` (the medium's report)."""
+    start, end = dec.header_bytes, dec.header_bytes + dec.header.payload_len
+    parts = [np.arange(max(s, start), min(s + n, end), dtype=np.int64) - start
+             for s, n in erased if s < end and s + n > start]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _verified_data(dec: DecodedRecord, codec: Codec | None,
+                   erased: Sequence[tuple[int, int]] = ()) -> tuple[Any, int]:
+    """The block's data bytes (before any ECC), verified, and the symbols corrected.
+
+    ``erased``: record byte ranges the medium reported unreadable. Their payload bytes go to
+    the decoder as erasures (an RS codeword rebuilds twice as many erased as unknown bytes);
+    a block with erasures always reads back as corrected, so it gets rewritten.
+    """
     h = dec.header
+    eras = payload_erasures(dec, erased) if erased else None
     if codec is None:
         if h.data_len != h.payload_len:
             raise CorruptRecordError("record lengths are inconsistent")
         if data_checksum(dec.payload) != h.checksum:
+            if eras is not None and eras.size:
+                raise UncorrectableError(f"the medium lost {eras.size} byte(s) of a block "
+                                         "stored without ECC")
             raise ChecksumError("block data does not match its end-to-end checksum")
         return dec.payload, 0
     # Some layouts (shardrs) pad, so data_size(len) is an upper bound: compare the data's
-    # actual length with the header's.
-    fast = codec.systematic_data(dec.payload)
-    if fast is not None and fast.size == h.data_len and data_checksum(fast) == h.checksum:
-        return fast, 0
-    res = codec.decode(dec.payload)
+    # actual length with the header's. Erasures that spare the data (parity, padding) do
+    # not stop the fast path; they count as repaired bytes so that the record is rewritten.
+    lost = 0 if eras is None else int(eras.size)
+    if not lost or eras[0] >= h.data_len:  # type: ignore[index]
+        fast = codec.systematic_data(dec.payload)
+        if fast is not None and fast.size == h.data_len and data_checksum(fast) == h.checksum:
+            return fast, lost
+    res = codec.decode(dec.payload, eras)
     if not res.ok:
         raise UncorrectableError(f"{codec.spec}: {res.detail or 'uncorrectable'}")
     if len(res.data) != h.data_len or data_checksum(res.data) != h.checksum:
@@ -172,18 +193,20 @@ def _verified_data(dec: DecodedRecord, codec: Codec | None) -> tuple[Any, int]:
             f"{codec.spec} decoded to data that fails the end-to-end checksum "
             "(errors beyond the code's capability)"
         )
-    return res.data, res.n_corrected
+    return res.data, max(res.n_corrected, 1 if lost else 0)
 
 
-def read_block(dec: DecodedRecord, dest: np.ndarray | None) -> int:
+def read_block(dec: DecodedRecord, dest: np.ndarray | None,
+               erased: Sequence[tuple[int, int]] = ()) -> int:
     """Verify a decoded record's data and write the block's values into ``dest`` (when
     given): verified before anything is copied, dequantized if it was quantized.
+    ``erased``: record byte ranges the medium reported unreadable (decoded as erasures).
 
     Returns the number of symbols (RS) or bits (BCH) the ECC corrected. Raises
     :class:`ChecksumError`, :class:`UncorrectableError` or another IntegrityError.
     """
     quant, codec = header_stages(dec.header)
-    data, corrected = _verified_data(dec, codec)
+    data, corrected = _verified_data(dec, codec, erased)
     if dest is not None:
         if quant is None:
             dest[...] = np.frombuffer(data, dtype=dest.dtype).reshape(dest.shape)
@@ -192,13 +215,15 @@ def read_block(dec: DecodedRecord, dest: np.ndarray | None) -> int:
     return corrected
 
 
-def reencode(record: Any, dec: DecodedRecord, codec: Codec | None) -> Any:
+def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
+             erased: Sequence[tuple[int, int]] = ()) -> Any:
     """The block re-encoded with ``codec`` (its quantization kept), from verified, corrected
     data: used to move a block to a tier with another ECC and to repair it in place.
-    Raises IntegrityError when the block cannot be verified."""
+    ``erased``: record ranges the medium reported unreadable (the record is always
+    rewritten then). Raises IntegrityError when the block cannot be verified."""
     quant, old = header_stages(dec.header)
-    data, corrected = _verified_data(dec, old)
-    if old == codec and not corrected and not dec.header_repairs:
+    data, corrected = _verified_data(dec, old, erased)
+    if old == codec and not corrected and not dec.header_repairs and not erased:
         return record
     raw = np.frombuffer(bytes(data), dtype=np.uint8)
     return _encode_data(replace(dec.header, checksum=bytes(16)), raw, quant, codec)

@@ -410,15 +410,17 @@ class Decisions:
         stats["demoted" if reason is Reason.DEMOTED else "promoted"] += 1
         return True
 
-    def _transcoder(self, tier: str, stats: Counter[str]) -> Callable[[Any], Any]:
-        """Re-encode a moving record with ``tier``'s codec. A record that fails verification
-        moves unchanged, so its reads still report it (never silently "repaired")."""
+    def _transcoder(self, tier: str, stats: Counter[str]
+                    ) -> Callable[[Any, tuple[tuple[int, int], ...]], Any]:
+        """Re-encode a moving record with ``tier``'s codec (using the erasures its medium
+        reported). A record that fails verification moves unchanged, so its reads still
+        report it (never silently "repaired")."""
         codec = self.codecs[tier]
 
-        def transform(record: Any) -> Any:
+        def transform(record: Any, erased: tuple[tuple[int, int], ...] = ()) -> Any:
             try:
                 dec = decode_record(record)
-                out = reencode(record, dec, codec)
+                out = reencode(record, dec, codec, erased)
             except IntegrityError:
                 stats["moved_corrupt"] += 1
                 return record

@@ -74,6 +74,24 @@ class MissingRecordError(IntegrityError):
     """The index refers to a record that its tier does not hold."""
 
 
+class MediumError(IntegrityError):
+    """The medium failed a read and said where: a file read returned EIO for some sectors, a
+    memory read hit poisoned lines (a machine-check report), or the file ends before the
+    record does. ``ranges`` are ``(start, length)`` byte ranges of the record the medium
+    could not return; ``data`` is the record with those ranges zero-filled (``None`` when
+    nothing could be read). The engine passes the ranges to its decoders as erasures."""
+
+    def __init__(self, message: str, ranges: tuple[tuple[int, int], ...] = (),
+                 data: memoryview | None = None) -> None:
+        super().__init__(message)
+        self.ranges = tuple((int(s), int(n)) for s, n in ranges)
+        self.data = data
+
+    @property
+    def erased_bytes(self) -> int:
+        return sum(n for _, n in self.ranges)
+
+
 class CorruptStoreError(IntegrityError):
     """A database page of the index or of a tier is damaged (LMDB reported corruption), or an
     index entry failed its checksum. Reads of the affected blocks fail; nothing else is lost."""
@@ -86,6 +104,7 @@ __all__ = [
     "CorruptStoreError",
     "InputError",
     "IntegrityError",
+    "MediumError",
     "MissingRecordError",
     "ReadOnlyStoreError",
     "RecordMismatchError",

@@ -27,6 +27,7 @@ from rkv.model import ModelSpec
 from rkv.record import decode_record
 from rkv.results import CORRECTED, MISSING, OK, UNCORRECTABLE, BlockStatus
 from rkv.tiers import Tier, TierReader
+from rkv.tiers.base import fetch
 
 
 class ReadPath:
@@ -101,11 +102,11 @@ class ReadPath:
                 )
             if tier not in self.tiers:
                 raise MissingRecordError(f"tier {tier} is not configured")
-            rec = reader(tier).get(bkey)
+            rec, erased = fetch(reader(tier), bkey)
             if rec is not None:
                 repairs, corrected = self.verify_into(rec, key, layer, fp, spec,
                                                        meta.n_tokens, dest,
-                                                       meta.blocks[layer][1])
+                                                       meta.blocks[layer][1], erased)
             else:
                 # A concurrent writer may have demoted the chunk: look again, once.
                 with self.index.env.read() as txn:
@@ -115,13 +116,13 @@ class ReadPath:
                                        MissingRecordError("chunk was evicted during the read"))
                 tier = fresh.blocks[layer][0]
                 with self.tiers[tier].reader() as r:
-                    rec = r.get(bkey)
+                    rec, erased = fetch(r, bkey)
                     if rec is None:
                         raise MissingRecordError(f"block {bkey.hex()} is missing from tier "
                                                  f"{tier}")
                     repairs, corrected = self.verify_into(rec, key, layer, fp, spec,
                                                            meta.n_tokens, dest,
-                                                           fresh.blocks[layer][1])
+                                                           fresh.blocks[layer][1], erased)
         except MissingRecordError as exc:
             return BlockStatus(ci, layer, tier, MISSING, 0, exc)
         except IntegrityError as exc:
@@ -132,13 +133,14 @@ class ReadPath:
 
     @staticmethod
     def verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
-                     n_tokens: int, dest: np.ndarray | None, size: int = -1
-                     ) -> tuple[int, int]:
+                     n_tokens: int, dest: np.ndarray | None, size: int = -1,
+                     erased: tuple[tuple[int, int], ...] = ()) -> tuple[int, int]:
         """Check one record and copy its data into ``dest`` (inside the reader's snapshot).
 
         ``size`` is the record's length as the index knows it: a longer zero-copy view comes
         from a damaged database page and is not touched at all (its bytes may lie past the end
-        of the file); a shorter one is decoded and reported as what it is. Returns (header
+        of the file); a shorter one is decoded and reported as what it is. ``erased`` are the
+        byte ranges the medium reported unreadable (decoded as erasures). Returns (header
         copies repaired, symbols or bits the ECC corrected).
         """
         if size >= 0 and memoryview(rec).nbytes > size:
@@ -151,5 +153,6 @@ class ReadPath:
                 f"record holds {h.dtype}{list(h.shape)}, expected "
                 f"{spec.dtype}{list(spec.block_shape(n_tokens))}"
             )
-        corrected = read_block(dec, dest)
+        corrected = read_block(dec, dest, erased)
         return dec.header_repairs, corrected
+

@@ -49,19 +49,21 @@ class Pending:
         self.deletes[tier].discard(key)
 
     def move(self, key: bytes, src: str, dst: str,
-             transform: Callable[[Any], Any] | None = None) -> int:
+             transform: Callable[[Any, tuple[tuple[int, int], ...]], Any] | None = None) -> int:
         """Plan moving a record between tiers, through ``transform`` (re-encoding) when
-        given. Returns the record's size in ``dst``. Raises an IntegrityError (typed) when
+        given (called with the record and the byte ranges the medium reported unreadable).
+        Returns the record's size in ``dst``. Raises an IntegrityError (typed) when
         the source cannot be read."""
         planned = self.writes[src].pop(key, None)
+        erased: tuple[tuple[int, int], ...] = ()
         if planned is None:
-            value = self.tiers[src].get(key)
+            value, erased = self.tiers[src].fetch(key)
             if value is None:
                 raise MissingRecordError(f"record {key.hex()} is missing from tier {src}")
             planned = (value, len(value))
         if transform is not None:
             value = planned[0]() if callable(planned[0]) else planned[0]
-            value = transform(bytes(value))
+            value = transform(bytes(value), erased)
             planned = (value, memoryview(value).nbytes)
         self.write(dst, key, *planned)
         self.deletes[src].add(key)

@@ -220,10 +220,10 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
                 if meta is None or meta.blocks[layer][0] != tier:
                     continue  # moved or freed meanwhile: nothing to repair here
                 bkey = block_key(key, layer)
-                record = engine._tiers[tier].get(bkey)
+                record, erased = engine._tiers[tier].fetch(bkey)
                 if record is None:
                     continue
-                rec = reencode(record, decode_record(record), engine._codecs[tier])
+                rec = reencode(record, decode_record(record), engine._codecs[tier], erased)
             except IntegrityError:
                 continue  # no longer correctable (or unreadable): reads keep reporting it
             size = memoryview(rec).nbytes

@@ -8,6 +8,12 @@ media and link errors reach a reader:
 * **transient** patterns corrupt one read only (link errors): the wrapper's reader returns a
   corrupted copy and leaves the stored record alone.
 
+Erasures are reported the way hardware reports them: a read of a record with a lost sector or
+a poisoned line fails with :class:`~rkv.errors.MediumError` carrying the damaged byte ranges
+(like EIO from a file read, or a machine-check poison report), with the record's other bytes
+and zeros in the damaged ranges. A lost record reads as absent. Rewriting a record clears its
+damage (the medium remaps the sector or the line).
+
 Every pattern is drawn from a generator seeded by the caller, and every injection is recorded
 (:attr:`FaultyTier.log`), so a campaign knows exactly which bits changed.
 """
@@ -21,7 +27,22 @@ from typing import Any
 
 import numpy as np
 
+from rkv.errors import MediumError
 from rkv.tiers.base import Tier, TierReader
+
+
+def _ranges(erasures: Sequence[tuple[int, int, str]]) -> tuple[tuple[int, int], ...]:
+    return tuple((int(s), int(n)) for s, n, _ in erasures)
+
+
+def medium_error(key: bytes, buf: np.ndarray, ranges: tuple[tuple[int, int], ...]
+                 ) -> MediumError:
+    """The error a medium raises for ``buf`` with ``ranges`` unreadable (zero-filled here)."""
+    for s, n in ranges:
+        buf[s:s + n] = 0
+    nbytes = sum(n for _, n in ranges)
+    return MediumError(f"medium reported {nbytes} unreadable byte(s) in {len(ranges)} "
+                       f"range(s) of record {key.hex()[:16]}", ranges, buf.data)
 
 
 @dataclass(frozen=True)
@@ -49,11 +70,19 @@ class _FaultyReader:
         rec = self._inner.get(key)
         if rec is None or key in self._owner.lost:
             return None
-        transient = self._owner.next_transient(key, memoryview(rec).nbytes)
-        if transient is None:
+        owner = self._owner
+        transient = owner.next_transient(key, memoryview(rec).nbytes)
+        erased = owner.erased.get(key, ())
+        if transient is None and not erased:
             return rec
         buf = np.frombuffer(rec, dtype=np.uint8).copy()
-        transient.apply(buf, self._owner.rng)
+        if transient is not None:
+            if transient.lost:
+                return None
+            transient.apply(buf, owner.rng)
+            erased = erased + _ranges(transient.erasures)
+        if erased and owner.report_erasures:
+            raise medium_error(key, buf, erased)
         return buf.data
 
 
@@ -62,10 +91,13 @@ class FaultyTier(Tier):
 
     ``transient`` is a callable ``(key, nbytes) -> ErrorPattern | None`` consulted on every
     read (None: the read is clean); persistent patterns are applied with :meth:`inject`.
+    ``report_erasures=False`` models a medium that returns garbage where it lost data
+    without saying so (reads then see the random bytes the pattern wrote).
     """
 
     def __init__(self, inner: Tier, *, seed: int = 0,
-                 transient: Callable[[bytes, int], Any] | None = None) -> None:
+                 transient: Callable[[bytes, int], Any] | None = None,
+                 report_erasures: bool = True) -> None:
         self.inner = inner
         self.spec = inner.spec
         self.state = inner.state
@@ -74,6 +106,9 @@ class FaultyTier(Tier):
         self._transient = transient
         self._one_shot: dict[bytes, Any] = {}
         self.lost: set[bytes] = set()
+        #: Byte ranges of each record that the medium reports unreadable.
+        self.erased: dict[bytes, tuple[tuple[int, int], ...]] = {}
+        self.report_erasures = report_erasures
         self.log: list[Injection] = []
 
     # -- injection ----------------------------------------------------------------------------
@@ -90,6 +125,8 @@ class FaultyTier(Tier):
             buf = np.frombuffer(rec, dtype=np.uint8).copy()
             pattern.apply(buf, self.rng)
             self.inner.put(key, buf)
+            if inj.erasures:
+                self.erased[key] = self.erased.get(key, ()) + _ranges(inj.erasures)
         self.log.append(inj)
         return inj
 
@@ -130,10 +167,13 @@ class FaultyTier(Tier):
         self.inner.put_many(items, reserve=reserve)
         for k, _ in items:
             self.lost.discard(k)
+            self.erased.pop(k, None)
 
     def delete_many(self, keys: Any) -> int:
         keys = list(keys)
         self.lost.difference_update(keys)
+        for k in keys:
+            self.erased.pop(k, None)
         return self.inner.delete_many(keys)
 
     def iter_keys(self) -> Iterator[bytes]:
@@ -141,6 +181,7 @@ class FaultyTier(Tier):
 
     def clear(self) -> None:
         self.lost.clear()
+        self.erased.clear()
         self._one_shot.clear()
         self.inner.clear()
 

@@ -12,6 +12,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rkv.errors import MediumError
+
 
 @dataclass(frozen=True)
 class TierSpec:
@@ -25,9 +27,26 @@ class TierSpec:
 
 
 class TierReader(Protocol):
-    """Reads inside one consistent snapshot; returned buffers live until the snapshot ends."""
+    """Reads inside one consistent snapshot; returned buffers live until the snapshot ends.
+
+    ``get`` raises :class:`~rkv.errors.MediumError` when the medium reports bytes it cannot
+    return (the error carries the record, zero-filled there, and the ranges)."""
 
     def get(self, key: bytes) -> memoryview | None: ...
+
+
+Erased = tuple[tuple[int, int], ...]
+
+
+def fetch(reader: TierReader, key: bytes) -> tuple[Any, Erased]:
+    """A record as the medium returns it (None: absent) and the byte ranges it reported
+    unreadable, which the decoders use as erasures."""
+    try:
+        return reader.get(key), ()
+    except MediumError as exc:
+        if exc.data is None:
+            raise
+        return exc.data, exc.ranges
 
 
 class Tier(ABC):
@@ -53,9 +72,16 @@ class Tier(ABC):
         """A snapshot for zero-copy reads."""
 
     def get(self, key: bytes) -> bytes | None:
+        """A copy of a record (None: absent); raises MediumError as the reader does."""
         with self.reader() as r:
             v = r.get(key)
             return None if v is None else bytes(v)
+
+    def fetch(self, key: bytes) -> tuple[bytes | None, Erased]:
+        """A copy of a record and the byte ranges the medium reported unreadable."""
+        with self.reader() as r:
+            v, erased = fetch(r, key)
+            return (None if v is None else bytes(v)), erased
 
     @abstractmethod
     def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
