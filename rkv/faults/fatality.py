@@ -11,18 +11,22 @@ record layout (preludes, three header copies, the payload's decoding units):
 
 * the preludes and the header are lost when all three copies hold an error and some bit is
   wrong in two copies or more (the vote is bitwise);
-* ``none``: any wrong payload byte; ``rs``: more than ``t`` wrong bytes in some codeword
-  (codewords mapped as :mod:`rkv.ecc.rs` lays them out, interleaving and the shortened last
-  group included); ``bch``: more than ``t`` wrong bits in some chunk with its ecc; shard RS:
-  more than ``m`` damaged shards or checksum entries, and a column with more than ``m // 2``
-  bad bytes or more than ``m`` damaged entries (:mod:`rkv.ecc.shardrs`).
+* ``none``: any wrong payload byte; ``rs``: ``2e + f > n - k`` in some codeword (``e`` wrong
+  bytes, ``f`` erased ones; codewords mapped as :mod:`rkv.ecc.rs` lays them out, interleaving
+  and the shortened last group included); ``bch``: ``e`` wrong and ``f`` erased bits in a chunk
+  with its ecc beyond what the better of the two erasure fills leaves correctable (exact
+  when ``2e + f <= 2t``, by a binomial over the erased bits' values otherwise); shard RS: more
+  than ``m`` damaged shards or checksum entries, and then more than ``m`` damaged entries, more
+  than ``m`` shards the medium reported, or a column with ``2e + f > m`` (``f`` reported
+  shards, ``e`` wrong bytes in the others) (:mod:`rkv.ecc.shardrs`).
 
 A read checks the end-to-end checksum on the systematic data first, so damage that leaves the
 data bytes intact (parity, checksum table, one header copy) is never fatal.
 
-A byte the medium cannot return (an erasure: lost sector, poisoned line) is read as garbage by
-rkv today, so it counts as a wrong byte (its bits as wrong for the header vote, half of them for
-BCH). The estimate has a binomial standard error of ``sqrt(f (1 - f) / draws)``; draws use a
+A byte the medium cannot return (an erasure: lost sector, poisoned line) is reported by the
+medium with its position (:class:`~rkv.errors.MediumError`) and decoded as an erasure; for
+the header vote its bits all count as wrong (a bound: the reader zero-fills them). The
+estimate has a binomial standard error of at most ``sqrt(f (1 - f) / draws)``; draws use a
 fixed seed, so :func:`predict` stays deterministic.
 """
 
@@ -125,49 +129,90 @@ def _rs_units(o: np.ndarray, lay: Layout) -> np.ndarray:
     return np.concatenate(units)
 
 
-def is_fatal(lay: Layout, pattern: Any) -> bool:
-    """Whether ``pattern`` (an ErrorPattern over the whole record) makes the read fail."""
+def _bch_fail(e: np.ndarray, f: np.ndarray, t: int) -> float:
+    """P(some BCH chunk fails) given its unknown bit errors ``e`` and erased bits ``f``.
+
+    The decoder fills the erasures with zeros and with ones: one fill leaves ``W`` of the
+    erased bits wrong, the other ``f - W``, and a chunk is fixed when the better fill has
+    at most ``t - e`` wrong erased bits (always when ``2e + f <= 2t``). The bits under an
+    erasure are taken as fair coins: ``W ~ Binomial(f, 1/2)``."""
+    ok = 1.0
+    for ei, fi in zip(e.tolist(), f.tolist(), strict=True):
+        room = t - ei
+        if room < 0:
+            return 1.0
+        if 2 * ei + fi <= 2 * t:
+            continue
+        # P(min(W, f - W) <= room) = P(W <= room) + P(W >= f - room), disjoint here.
+        w = np.arange(0, room + 1)
+        logc = [math.lgamma(fi + 1) - math.lgamma(x + 1) - math.lgamma(fi - x + 1) for x in w]
+        p = 2.0 * float(np.exp(np.array(logc) - fi * math.log(2.0)).sum())
+        ok *= min(1.0, p)
+    return 1.0 - ok
+
+
+def is_fatal(lay: Layout, pattern: Any) -> float:
+    """P(the read of a record hit by ``pattern`` (an ErrorPattern over the whole record)
+    fails): 0 or 1 except for BCH chunks beyond the erasure guarantee, whose outcome depends
+    on the erased bits' values."""
     if pattern.lost:
-        return True
+        return 1.0
     flips, erased, wrong = _masks(pattern, lay.record)
     last = lay.record - PRELUDE
     if _copies_lost(flips, erased, (0, PRELUDE, last), PRELUDE):
-        return True
+        return 1.0
     h = lay.hlen
     if _copies_lost(flips, erased, (2 * PRELUDE, 2 * PRELUDE + h, last - h), h):
-        return True     # (the third copy ends where the last prelude starts)
+        return 1.0     # (the third copy ends where the last prelude starts)
     p0 = lay.payload_off
     o = np.flatnonzero(wrong[p0:p0 + lay.payload])
     if o.size == 0 or o[0] >= lay.data:
-        return False    # the data comes first: intact data passes the end-to-end checksum
+        return 0.0     # the data comes first: intact data passes the end-to-end checksum
     if lay.kind == "detect":
-        return True
+        return 1.0
+    er = erased[p0:p0 + lay.payload]
+    oe = o[er[o]]       # erased payload bytes: the medium said where
+    ou = o[~er[o]]      # wrong bytes nobody reported
     if lay.kind == "rs":
-        return bool(np.bincount(_rs_units(o, lay)).max() > lay.params[3])
+        nsym = lay.params[0]
+        cnt = 2 * np.bincount(_rs_units(ou, lay)) if ou.size else np.zeros(1, np.int64)
+        if oe.size:
+            ce = np.bincount(_rs_units(oe, lay))
+            n = max(cnt.size, ce.size)
+            cnt = np.pad(cnt, (0, n - cnt.size)) + np.pad(ce, (0, n - ce.size))
+        return float(cnt.max() > nsym)
     if lay.kind == "bch":
         chunk, ecc, t = lay.params
-        pf = flips // 8 - p0
-        pf = pf[(pf >= 0) & (pf < lay.payload)]
-        pe = np.flatnonzero(erased[p0:p0 + lay.payload])
 
         def unit(b: np.ndarray) -> np.ndarray:
             return np.where(b < lay.data, b // chunk, (b - lay.data) // ecc)
 
-        bits = np.bincount(unit(pf)).astype(float) if pf.size else np.zeros(1)
-        if pe.size:
-            garbage = 4.0 * np.bincount(unit(pe))
-            n = max(bits.size, garbage.size)
-            bits = np.pad(bits, (0, n - bits.size)) + np.pad(garbage, (0, n - garbage.size))
-        return bool(bits.max() > t)
+        pf = flips // 8 - p0
+        keep = (pf >= 0) & (pf < lay.payload)
+        pf = pf[keep]
+        pf = pf[~er[pf]]
+        nunits = int(unit(np.array([lay.payload - 1]))[0]) + 1
+        e = np.bincount(unit(pf), minlength=nunits) if pf.size else np.zeros(nunits, np.int64)
+        f = 8 * np.bincount(unit(oe), minlength=nunits) if oe.size else \
+            np.zeros(nunits, np.int64)
+        hit = (e > 0) | (f > 0)
+        return _bch_fail(e[hit], f[hit], t)
     k, m, s, check = lay.params
     nsh = k + m
     in_shards = o[o < nsh * s]
     entries = np.unique((o[o >= nsh * s] - nsh * s) // check)
     damaged = np.union1d(np.unique(in_shards // s), entries)
     if damaged.size <= m:
-        return False
-    col_fail = in_shards.size > 0 and np.bincount(in_shards % s).max() > m // 2
-    return bool(col_fail or entries.size > m)
+        return 0.0
+    if entries.size > m:
+        return 1.0
+    # Column decoding: the shards the medium reported are erasures in every column.
+    gone = np.unique(oe[oe < nsh * s] // s)
+    if gone.size > m:
+        return 1.0
+    unknown = ou[(ou < nsh * s) & ~np.isin(ou // s, gone)]
+    worst = int(np.bincount(unknown % s).max()) if unknown.size else 0
+    return float(2 * worst + gone.size > m)
 
 
 _CACHE: dict[tuple[str, str, int, float, int], list[float]] = {}
@@ -187,7 +232,7 @@ def class_fatality(model: Any, protection: str, data_bytes: int, hours: float,
         fatal = []
         for i, cls in classes:
             rng = np.random.default_rng([i, draws, data_bytes])
-            hits = sum(is_fatal(lay, cls.draw_nonzero(rng)) for _ in range(draws))
+            hits = math.fsum(is_fatal(lay, cls.draw_nonzero(rng)) for _ in range(draws))
             fatal.append(hits / draws)
         if len(_CACHE) >= 256:
             _CACHE.clear()

@@ -20,10 +20,15 @@ column's shards count towards the ``m``), or more than ``m`` checksum entries ar
 record's header is lost only if all three copies are hit and a bit position is wrong in two of
 them (the vote is bitwise; for background bits), or if one event spans the whole record.
 
+Erasures: bytes the medium reports unreadable (lost sectors, poisoned lines) reach the
+decoders with their positions, so a codeword survives ``2e + f <= n - k`` (``e`` wrong bytes,
+``f`` erased); the raw baseline sees the same report as a failed read (a DUE).
+
 SDC: rkv checks every block against an xxh3_128 of its data, so a wrong block can only pass if
 the decoder miscorrects *and* the checksum collides: ``p_sdc <= p_due * 2**-128``.
 ``p_sdc_unchecked`` is what the decoder alone would return wrong (no end-to-end checksum), the
-risk of systems that trust their ECC, and for ``raw`` it is every undetected error.
+risk of systems that trust their ECC: losses the medium reported are excluded (a decoder
+handed too many erasures says so). For ``raw`` it is every error the medium did not report.
 """
 
 from __future__ import annotations
@@ -199,6 +204,7 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
     p_error = float(model.p_any_error(record, hours))
     log_ok = 0.0          # log P(no fatal event and background within capability)
     log_undetected = 0.0  # raw: log P(no undetected error)
+    log_reported = 0.0    # log P(no fatal event the medium reports)
     p_bit = 0.0
     for ev in _events(model, record, hours):
         kind = str(getattr(ev, "kind", "bit"))
@@ -219,8 +225,12 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
         # sectors in one record and damage that spares the data bytes all count as they are.
         from rkv.faults.fatality import class_fatality
 
-        for _, p_fire, fatal in class_fatality(model, protection, data_bytes, hours):
+        for rate, p_fire, fatal in class_fatality(model, protection, data_bytes, hours):
             log_ok += _log1m(p_fire * fatal)
+            if bool(getattr(rate, "detected", False)):
+                # The medium reports these (erasures): a decoder given more erasures than it
+                # can rebuild says so, it cannot return a wrong word from them.
+                log_reported += _log1m(p_fire * fatal)
     # Background independent bit errors, exactly per decoding unit.
     if p_bit > 0:
         if g.kind == "raw":
@@ -261,6 +271,7 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
         p_due = min(p_error, -math.expm1(log_ok))
         p_sdc = p_due * CHECKSUM_MISS
         p_corrected = max(0.0, p_error - p_due)
-        unchecked = p_due * g.miss
+        # Only losses the medium did not report can come back miscorrected without a check.
+        unchecked = max(0.0, -math.expm1(log_ok - log_reported)) * g.miss
     return Prediction(protection, record, *(v if v > 0 else 0.0 for v in (
         p_error, p_corrected, p_due, p_sdc, unchecked)))
