@@ -12,6 +12,11 @@ into concrete errors. Every event that a class counts produces a non-empty `Erro
 so ``p_any_error = 1 - prod_c P(count_c = 0)`` exactly, and `sample_given_error` draws
 from the exact conditional distribution (the first non-empty class is chosen with its exact
 conditional probability and drawn zero-truncated; later classes are drawn unconditionally).
+
+For rarer events than "at least one fault", `sample_tilted` draws every class's count from an
+exponentially tilted law (Poisson(s mu), Binomial(units, s p)) and returns the exact log
+likelihood ratio of the counts, so that weighted outcomes are unbiased
+(docs/rare-events.md).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from .pattern import ERASURE_KINDS, EVENT_KINDS, ErrorPattern
 __all__ = [
     "ERASURE_KINDS",
     "EVENT_KINDS",
+    "TILT_CAP",
     "ErrorPattern",
     "EventClass",
     "EventRate",
@@ -85,9 +91,17 @@ class EventClass:
 
     ``log_p0``: log P(no event of this class). ``draw_nonzero(rng)``: a pattern conditioned on
     at least one event (never empty). ``draw(rng)``: an unconditional draw (None if nothing).
+
+    Classes built by `poisson_class` and `binomial_class` also know their count law
+    (``law`` = "poisson" with ``mu``, or "binomial" with ``units`` and ``p``) and their
+    ``realize(k, rng)``, which is what importance sampling tilts: `draw_tilted` draws the
+    count from an exponentially tilted law and returns the log likelihood ratio of that
+    count. Classes built otherwise (``law`` None, e.g. NAND's beta-binomial bits) are drawn
+    untilted with log weight 0.
     """
 
-    __slots__ = ("_draw", "draw_nonzero", "log_p0", "rate")
+    __slots__ = ("_draw", "draw_nonzero", "law", "log_p0", "mu", "p", "rate", "realize",
+                 "units")
 
     def __init__(
         self,
@@ -100,6 +114,11 @@ class EventClass:
         self.log_p0 = float(log_p0)
         self.draw_nonzero = draw_nonzero
         self._draw = draw
+        self.law: str | None = None
+        self.mu = 0.0
+        self.units = 0
+        self.p = 0.0
+        self.realize: Realize | None = None
 
     def draw(self, rng: np.random.Generator) -> ErrorPattern | None:
         if self._draw is not None:
@@ -109,6 +128,62 @@ class EventClass:
         if rng.random() < -math.expm1(self.log_p0):
             return self.draw_nonzero(rng)
         return None
+
+    # -- tilted sampling (importance sampling) -----------------------------------------------
+    def tilted_p(self, s: float) -> float:
+        """A binomial class's per-unit probability under tilt ``s``: min(s p, `TILT_CAP`)
+        (never below p when s >= 1; p itself when p is already at the cap or above)."""
+        if self.p >= TILT_CAP or s == 1.0:
+            return self.p
+        return min(s * self.p, TILT_CAP)
+
+    def log_ratio(self, k: int, s: float) -> float:
+        """log q_s(k) / p(k): how much likelier ``k`` events are under tilt ``s`` than under
+        the class's own law (0 for classes without a known law, which are never tilted)."""
+        if s == 1.0 or self.law is None:
+            return 0.0
+        if self.law == "poisson":
+            if self.mu <= 0.0:
+                return 0.0
+            return k * math.log(s) - (s - 1.0) * self.mu
+        p, q = self.p, self.tilted_p(s)
+        if q == p or p <= 0.0:
+            return 0.0
+        return k * (math.log(q) - math.log(p)) + (self.units - k) * (
+            math.log1p(-q) - math.log1p(-p))
+
+    def draw_count(self, rng: np.random.Generator, s: float = 1.0
+                   ) -> tuple[int, ErrorPattern | None]:
+        """(count, pattern) with the count drawn from the law tilted by ``s`` (s = 1: the
+        class's own law). A class without a known law is drawn untilted and reports count 1
+        when it fired, 0 otherwise."""
+        _check_tilt(s)
+        if self.law is None or self.realize is None:
+            pat = self.draw(rng)
+            return (0 if pat is None else 1), pat
+        if self.law == "poisson":
+            k = int(rng.poisson(s * self.mu)) if self.mu > 0.0 else 0
+        else:
+            k = int(rng.binomial(self.units, min(self.tilted_p(s), 1.0))) if self.p > 0 else 0
+        return k, (self.realize(k, rng) if k else None)
+
+    def draw_tilted(self, rng: np.random.Generator, s: float
+                    ) -> tuple[ErrorPattern | None, float]:
+        """A draw with the count from the law tilted by ``s`` (Poisson(s mu), or
+        Binomial(units, min(s p, TILT_CAP))), and its log weight log p(k) / q_s(k):
+        E_q[exp(log_weight) f(pattern)] = E_p[f(pattern)] exactly, for any f."""
+        k, pat = self.draw_count(rng, s)
+        return pat, -self.log_ratio(k, s)
+
+
+#: The largest per-unit probability a binomial tilt goes to (beyond it the tilted law has
+#: less spread than the failures it is meant to reach).
+TILT_CAP = 0.5
+
+
+def _check_tilt(s: float) -> None:
+    if not (isinstance(s, int | float) and not isinstance(s, bool) and 0.0 < s < math.inf):
+        raise FaultModelError(f"tilt factor must be a finite number > 0, got {s!r}")
 
 
 def poisson_class(rate: EventRate, realize: Realize) -> EventClass:
@@ -129,7 +204,9 @@ def poisson_class(rate: EventRate, realize: Realize) -> EventClass:
     def draw_nonzero(rng: np.random.Generator) -> ErrorPattern:
         return realize(zt_poisson(mu, rng), rng)
 
-    return EventClass(rate, -mu, draw_nonzero, draw)
+    c = EventClass(rate, -mu, draw_nonzero, draw)
+    c.law, c.mu, c.realize = "poisson", mu, realize
+    return c
 
 
 def binomial_class(rate: EventRate, units: int, p: float, realize: Realize) -> EventClass:
@@ -150,7 +227,9 @@ def binomial_class(rate: EventRate, units: int, p: float, realize: Realize) -> E
     def draw_nonzero(rng: np.random.Generator) -> ErrorPattern:
         return realize(zt_binomial(units, p, rng), rng)
 
-    return EventClass(rate, log_p0, draw_nonzero, draw)
+    c = EventClass(rate, log_p0, draw_nonzero, draw)
+    c.law, c.units, c.p, c.realize = "binomial", max(int(units), 0), max(float(p), 0.0), realize
+    return c
 
 
 def _check_rng(rng: Any) -> np.random.Generator:
@@ -265,6 +344,32 @@ class FaultModel(ABC):
                 parts.append(c.draw_nonzero(rng))
                 chosen = True
         return ErrorPattern.combine(check_nbytes(nbytes), parts)
+
+    def sample_tilted(
+        self, nbytes: int, hours: float, rng: np.random.Generator,
+        s: float | Mapping[str | int, float],
+    ) -> tuple[ErrorPattern, float]:
+        """A pattern with every class's count drawn from its exponentially tilted law, and
+        the log importance weight: ``E[exp(w) f(pattern)]`` under this draw equals
+        ``E[f(sample(...))]`` exactly, for any ``f`` (unbiased importance sampling).
+
+        ``s``: one tilt factor for every class, or a mapping from a class's kind (``"bit"``,
+        ``"sector"``, ...) or its index in `event_classes` to its factor (absent: 1). A
+        Poisson count is drawn from Poisson(s mu) (log weight k log(1/s) + (s - 1) mu); a
+        binomial count from Binomial(units, min(s p, 0.5)) (the exact ratio of the two
+        binomial laws). Classes without a known count law are drawn untilted (weight 1).
+        """
+        _check_rng(rng)
+        classes = self._classes(nbytes, hours)
+        parts: list[ErrorPattern] = []
+        log_w = 0.0
+        for i, c in enumerate(classes):
+            f = float(s.get(i, s.get(c.rate.kind, 1.0))) if isinstance(s, Mapping) else float(s)
+            pat, lw = c.draw_tilted(rng, f)
+            log_w += lw
+            if pat is not None:
+                parts.append(pat)
+        return ErrorPattern.combine(check_nbytes(nbytes), parts), log_w
 
     # -- serialization -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
