@@ -62,6 +62,7 @@ class _Bench:
         self.quant = quantizer_for(cfg.quant_spec())
         tier = cfg.tier_config()
         self.root = root
+        self._samplers: dict[int, Any] = {}
         if self.raw:
             self.tier = FaultyTier(LmdbTier(
                 TierSpec(tier.name, tier.capacity_bytes, tier.map_bytes, tier.sync), root / "raw"))
@@ -79,7 +80,8 @@ class _Bench:
         else:
             self.tier.close()
 
-    def run(self, trial: int, seed: int, conditional: bool) -> TrialResult:
+    def run(self, trial: int, seed: int, conditional: bool,
+            plan: dict[str, Any] | None = None) -> TrialResult:
         cfg, spec, model = self.cfg, self.spec, self.model
         rng = np.random.default_rng(seed)
         self.tier.rng = np.random.default_rng(rng.integers(1 << 63))
@@ -105,8 +107,12 @@ class _Bench:
         corrected_total = 0
         for tokens, kv, key in items:
             nbytes = len(self.tier.inner.get(key) or b"")
-            pattern = (model.sample_given_error(nbytes, cfg.hours, rng) if conditional
-                       else model.sample(nbytes, cfg.hours, rng))
+            log_w = None
+            if plan is not None:
+                pattern, log_w = self._sampler(nbytes, plan).draw(rng)
+            else:
+                pattern = (model.sample_given_error(nbytes, cfg.hours, rng) if conditional
+                           else model.sample(nbytes, cfg.hours, rng))
             if pattern.transient and not pattern.is_empty:
                 # A link error corrupts this read only; the stored record stays intact.
                 self.tier.inject_transient(key, pattern)   # logged when the read applies it
@@ -118,6 +124,8 @@ class _Bench:
             faults.append({"outcome": outcome, "bytes": nbytes, "flips": int(inj.flips.size),
                            "erasures": [list(e) for e in inj.erasures], "lost": inj.lost,
                            "corrected": corrected})
+            if log_w is not None:
+                faults[-1]["log_weight"] = log_w
             outcomes.append(outcome)
             corrected_total += corrected
         if self.engine is not None:
@@ -125,6 +133,14 @@ class _Bench:
         else:
             self.tier.clear()
         return TrialResult(trial, seed, outcomes, faults, corrected_total)
+
+    def _sampler(self, nbytes: int, plan: dict[str, Any]) -> Any:
+        from rkv.faults.importance import Sampler, TiltPlan
+
+        got = self._samplers
+        if nbytes not in got:
+            got[nbytes] = Sampler(self.model, nbytes, self.cfg.hours, TiltPlan.from_dict(plan))
+        return got[nbytes]
 
     def _stored_bytes(self, kv: np.ndarray) -> np.ndarray:
         """What raw storage keeps for a block: its values, quantized if the campaign says so."""
@@ -170,15 +186,15 @@ class _Bench:
         return ("clean" if clean else "masked"), 0
 
 
-def _worker(cfg_dict: dict[str, Any], trials: list[tuple[int, int]], conditional: bool
-            ) -> list[dict[str, Any]]:
+def _worker(cfg_dict: dict[str, Any], trials: list[tuple[int, int]], conditional: bool,
+            plan: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     from rkv.faults.campaign import CampaignConfig
 
     cfg = CampaignConfig.from_dict(cfg_dict)
     root = Path(tempfile.mkdtemp(prefix="rkv-campaign-"))
     bench = _Bench(cfg, root)
     try:
-        return [bench.run(t, s, conditional).row() for t, s in trials]
+        return [bench.run(t, s, conditional, plan).row() for t, s in trials]
     finally:
         bench.close()
         shutil.rmtree(root, ignore_errors=True)

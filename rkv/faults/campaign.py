@@ -89,6 +89,7 @@ class CampaignConfig:
     workers: int = 1
     sampling: str = "auto"
     rows: str = ""
+    tilt: float | str = 0.0
 
     def __post_init__(self) -> None:
         names = [t.name for t in default_tiers()]
@@ -114,6 +115,11 @@ class CampaignConfig:
             raise ConfigError("fault_model must be a preset name or a table")
         if not isinstance(self.protection, str) or not isinstance(self.rows, str):
             raise ConfigError("protection and rows must be strings")
+        if not (self.tilt == "auto" or (isinstance(self.tilt, int | float)
+                                        and not isinstance(self.tilt, bool)
+                                        and (self.tilt == 0 or 0 < self.tilt < math.inf))):
+            raise ConfigError(f"tilt must be 0 (off), a factor > 0 or \"auto\", got "
+                              f"{self.tilt!r}")
         self.tier_config()  # validates the protection's codec spec
         self.model()        # validates the fault model
 
@@ -203,6 +209,9 @@ class Summary:
     prediction: Prediction
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Under importance sampling: outcome -> estimate, stderr, rel_err, hits, ess; and "plan",
+    #: "weight_ess".
+    importance: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -214,6 +223,7 @@ class Summary:
             "seconds": self.seconds,
             "blocks_per_second": self.blocks / self.seconds if self.seconds else 0.0,
             "config": self.config, **self.extra,
+            **({"importance": self.importance} if self.importance is not None else {}),
         }
 
 
@@ -245,6 +255,10 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
     if sampling == "auto":
         sampling = "conditional" if p_any < 1e-3 else "direct"
     conditional = sampling == "conditional"
+    plan = tilt_plan(cfg, record)
+    if plan is not None:
+        sampling = "importance"
+    blocks_out: list[tuple[str, float]] = []
     trials = [(i, cfg.trial_seed(i)) for i in range(cfg.trials)]
     rows_out = open(cfg.rows, "w", encoding="utf-8") if cfg.rows else None  # noqa: SIM115
     counts: Counter[str] = Counter()
@@ -257,6 +271,8 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
         for row in rows:
             for o in OUTCOMES:
                 counts[o] += row[o]
+            if plan is not None:
+                blocks_out.extend((b["outcome"], b["log_weight"]) for b in row["blocks"])
             if rows_out is not None:
                 rows_out.write(json.dumps(row) + "\n")
         done += len(rows)
@@ -270,7 +286,7 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
             bench = _Bench(cfg, root)
             try:
                 for chunk in _batches(trials, batch):
-                    consume([bench.run(t, s, conditional).row() for t, s in chunk])
+                    consume([bench.run(t, s, conditional, plan).row() for t, s in chunk])
             finally:
                 bench.close()
                 shutil.rmtree(root, ignore_errors=True)
@@ -278,7 +294,7 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
             import multiprocessing as mp
 
             with ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn")) as pool:
-                futs = [pool.submit(_worker, cfg_dict, chunk, conditional)
+                futs = [pool.submit(_worker, cfg_dict, chunk, conditional, plan)
                         for chunk in _batches(trials, batch)]
                 for fut in as_completed(futs):
                     consume(fut.result())
@@ -292,11 +308,50 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
     for o in OUTCOMES:
         lo, hi = wilson(counts[o], blocks)
         rates[o] = (scale * counts[o] / blocks, scale * lo, scale * hi)
-    if conditional:
+    importance = None
+    if plan is not None:
+        importance = weighted_rates(blocks_out, plan)
+        for o in OUTCOMES[1:]:
+            e = importance[o]
+            rates[o] = (e["estimate"], max(0.0, e["estimate"] - 1.96 * e["stderr"]),
+                        e["estimate"] + 1.96 * e["stderr"])
+    if conditional or plan is not None:
         # Conditioned on a fault, "clean" means nothing: every block had one.
         rates["clean"] = (1 - p_any, 1 - p_any, 1 - p_any)
     return Summary(cfg_dict, protection, sampling, cfg.trials, blocks,
-                   {o: counts[o] for o in OUTCOMES}, p_any, rates, prediction, seconds)
+                   {o: counts[o] for o in OUTCOMES}, p_any, rates, prediction, seconds,
+                   importance=importance)
+
+
+def tilt_plan(cfg: CampaignConfig, record: int) -> dict[str, Any] | None:
+    """The importance-sampling plan of ``cfg`` for records of ``record`` bytes (None when
+    ``tilt`` is 0): ``"auto"`` is :func:`rkv.faults.importance.auto_plan`, a number tilts
+    every class's count by that factor."""
+    if not cfg.tilt:
+        return None
+    from rkv.faults.importance import auto_plan, uniform_plan
+
+    model = cfg.model()
+    if cfg.tilt == "auto":
+        plan = auto_plan(model, cfg.effective_protection(), cfg.data_bytes, record, cfg.hours)
+    else:
+        plan = uniform_plan(model, record, cfg.hours, float(cfg.tilt))
+    return plan.to_dict()
+
+
+def weighted_rates(blocks: list[tuple[str, float]], plan: dict[str, Any]) -> dict[str, Any]:
+    """Per outcome: the weighted estimate per block, its standard error, relative error, the
+    blocks that had it and their effective number (``importance`` of the summary)."""
+    from rkv.faults.importance import estimate, weight_ess
+
+    outcomes = np.array([o for o, _ in blocks])
+    log_w = np.array([w for _, w in blocks], dtype=np.float64)
+    out: dict[str, Any] = {o: estimate(outcomes == o, log_w).to_dict() for o in OUTCOMES[1:]}
+    rec = estimate(np.isin(outcomes, ("masked", "corrected")), log_w)
+    out["recovered"] = rec.to_dict()
+    out["weight_ess"] = weight_ess(log_w)
+    out["plan"] = plan
+    return out
 
 
 def replay_trial(cfg: CampaignConfig, trial: int, seed: int | None = None) -> dict[str, Any]:
@@ -306,7 +361,7 @@ def replay_trial(cfg: CampaignConfig, trial: int, seed: int | None = None) -> di
     conditional = cfg.sampling == "conditional" or (
         cfg.sampling == "auto" and model.p_any_error(prediction.record_bytes, cfg.hours) < 1e-3)
     return _worker(cfg.to_dict(), [(trial, cfg.trial_seed(trial) if seed is None else seed)],
-                   conditional)[0]
+                   conditional, tilt_plan(cfg, prediction.record_bytes))[0]
 
 
 def format_summary(s: Summary) -> str:
@@ -325,6 +380,8 @@ def format_summary(s: Summary) -> str:
         "",
         f"{'outcome':<10} {'count':>8} {'rate/block':>11} {'95% CI':>23} {'analytic':>11}",
     ]
+    if s.importance is not None:
+        return _format_importance(s, lines[:2], analytic)
     for o in OUTCOMES:
         r, lo, hi = s.rates[o]
         a = analytic[o]
@@ -336,6 +393,25 @@ def format_summary(s: Summary) -> str:
                  f"{p.p_sdc_unchecked:.3g} per block")
     lines.append(f"{s.blocks} blocks in {s.seconds:.1f} s "
                  f"({s.blocks / s.seconds if s.seconds else 0:.0f} blocks/s)")
+    return "\n".join(lines)
+
+
+def _format_importance(s: Summary, head: list[str], analytic: dict[str, float | None]
+                       ) -> str:
+    imp = s.importance or {}
+    lines = [*head, f"importance sampling: {imp['plan'].get('note', '')}", "",
+             f"{'outcome':<10} {'blocks':>7} {'estimate/block':>15} {'stderr':>10} "
+             f"{'rel.err':>8} {'ess':>7} {'analytic':>11}"]
+    analytic = {**analytic, "recovered": s.prediction.p_corrected, "corrected": None}
+    for o in ("masked", "corrected", "recovered", "due", "sdc"):
+        e = imp[o]
+        a = analytic.get(o)
+        rel = f"{e['rel_err']:.2%}" if math.isfinite(e["rel_err"]) else "-"
+        lines.append(f"{o:<10} {e['hits']:>7} {e['estimate']:>15.4g} {e['stderr']:>10.3g} "
+                     f"{rel:>8} {e['ess']:>7.1f} {'-' if a is None else f'{a:.4g}':>11}")
+    lines += ["", f"weights' effective sample size {imp['weight_ess']:.1f} of {s.blocks} blocks;"
+              " recovered = masked + corrected (the analytic 'corrected')",
+              f"{s.blocks} blocks in {s.seconds:.1f} s"]
     return "\n".join(lines)
 
 

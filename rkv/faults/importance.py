@@ -1,0 +1,408 @@
+"""Importance sampling for campaigns: per-block error patterns with exact log weights.
+
+A campaign under importance sampling draws each block's pattern from a *proposal* ``q``
+instead of the fault model's law ``p`` and carries the weight ``w = p(x) / q(x)``; every
+weighted outcome rate ``mean(w * 1{outcome})`` is then an unbiased estimate of the outcome's
+probability per block, whatever ``q`` is, as long as ``q`` can produce every pattern ``p`` can.
+
+The proposal is a *defensive mixture* (docs/rare-events.md):
+
+* with probability ``alpha``, the pattern conditioned on at least one fault
+  (``p(x) 1{x has a fault} / p_any``: what conditional sampling draws);
+* otherwise the *tilted* law: every event class's count drawn from its exponentially tilted
+  law (``EventClass.draw_count(rng, s)``), and for the model's independent-bit class
+  optionally a *window tilt*: one window (a decoding unit's span in the record) picked at
+  random from the plan's windows gets bit probability ``window_p``, every other bit keeps the
+  model's ``p``.
+
+* with probability ``plant_share``, for records with a voted header, three wrong header
+  bits planted where the bitwise vote fails (the same bit in two copies, any bit in the
+  third: the fewest errors that lose the header), every other bit at the model's ``p``.
+
+The weight is that of the mixture, computed from the counts of the draw whichever component
+drew it: ``w = 1 / (alpha 1{fault} / p_any + (1 - alpha) prod_c r_c(x))`` with ``r_c`` the
+class's likelihood ratio (for the window tilt, the mean over windows of the ratio of the
+window's count). So a block is never weighted more than ``p_any / alpha`` (the estimate is
+never much worse than conditional sampling), and a tilted block that reaches a rare failure
+is weighted by the exact ratio that makes it count for what it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from faultmodels.base import ErrorPattern, EventClass
+
+#: The conditional share of the defensive mixture when something is tilted.
+ALPHA = 0.5
+
+
+@dataclass(frozen=True)
+class TiltPlan:
+    """What the proposal tilts, for one fault model, record size and residency.
+
+    ``factors``: per event class (in `FaultModel.event_classes` order), the count tilt
+    (1.0: untilted). ``windows``: byte ranges ``(start, length)`` of the record for the
+    window tilt of class ``window_class`` (its bits get probability ``window_p`` inside the
+    chosen window). ``alpha``: the conditional share of the mixture. ``note``: how the plan
+    was chosen (printed with the summary).
+    """
+
+    alpha: float
+    factors: tuple[float, ...]
+    window_class: int = -1
+    window_p: float = 0.0
+    windows: tuple[tuple[int, int], ...] = ()
+    plant: tuple[int, ...] = ()
+    plant_len: int = 0
+    plant_share: float = 0.0
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["windows"] = [list(w) for w in self.windows]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TiltPlan:
+        return cls(float(d["alpha"]), tuple(float(f) for f in d["factors"]),
+                   int(d["window_class"]), float(d["window_p"]),
+                   tuple((int(a), int(b)) for a, b in d["windows"]),
+                   tuple(int(a) for a in d.get("plant", ())), int(d.get("plant_len", 0)),
+                   float(d.get("plant_share", 0.0)), str(d.get("note", "")))
+
+    @property
+    def tilt_share(self) -> float:
+        return max(0.0, 1.0 - self.alpha - self.plant_share)
+
+
+def _is_bit_class(c: EventClass, nbytes: int) -> bool:
+    """Independent uniform bit errors over the whole buffer (raw BER, raw NAND): a binomial
+    class of kind "bit" over 8 * nbytes units, the convention `predict` relies on too."""
+    return c.law == "binomial" and c.rate.kind == "bit" and c.units == 8 * nbytes and c.p > 0
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(np.max(x))
+    if m == -math.inf:
+        return -math.inf
+    return m + math.log(float(np.sum(np.exp(x - m))))
+
+
+class Sampler:
+    """Draws ``(pattern, log_weight)`` for one record size under a plan."""
+
+    def __init__(self, model: Any, nbytes: int, hours: float, plan: TiltPlan) -> None:
+        self.nbytes = nbytes
+        self.classes: list[EventClass] = model.event_classes(nbytes, hours)
+        if len(plan.factors) != len(self.classes):
+            raise ValueError(f"plan tilts {len(plan.factors)} classes, the model has "
+                             f"{len(self.classes)}")
+        self.plan = plan
+        self.logz = [c.log_p0 for c in self.classes]
+        total = math.fsum(self.logz)
+        if not total < 0.0:
+            raise ValueError("no fault can happen: nothing to sample")
+        self.log_p_any = math.log(-math.expm1(total))
+        self.suffix = [0.0] * (len(self.logz) + 1)
+        for i in range(len(self.logz) - 1, -1, -1):
+            self.suffix[i] = self.suffix[i + 1] + self.logz[i]
+        self.wc = plan.window_class if plan.windows else -1
+        if self.wc >= 0:
+            c = self.classes[self.wc]
+            if not _is_bit_class(c, nbytes):
+                raise ValueError("the window tilt needs an independent-bit class")
+            w = np.asarray(plan.windows, dtype=np.int64).reshape(-1, 2)
+            self.w_start = 8 * w[:, 0]
+            self.w_bits = 8 * w[:, 1]
+            if (np.any(self.w_bits <= 0) or np.any(self.w_start[1:] < self.w_start[:-1]
+                                                   + self.w_bits[:-1])
+                    or self.w_start[-1] + self.w_bits[-1] > 8 * nbytes):
+                raise ValueError("windows must be sorted, disjoint and inside the record")
+            p, pt = c.p, plan.window_p
+            self.w_a = math.log(pt) - math.log(p)
+            self.w_b = math.log1p(-pt) - math.log1p(-p)
+        self.pc = plan.window_class if plan.plant_share > 0 else -1
+        if self.pc >= 0:
+            c = self.classes[self.pc]
+            if not _is_bit_class(c, nbytes) or len(plan.plant) != 3 or plan.plant_len <= 0:
+                raise ValueError("planting needs an independent-bit class and three copies")
+            hb = 8 * plan.plant_len
+            # log |S| p^3: the uniform mixture over (pair of copies, bit, bit in the third)
+            self.plant_log = math.log(3.0 * hb * hb) + 3 * math.log(c.p)
+
+    # -- the two components --------------------------------------------------------------
+    def _conditional(self, rng: np.random.Generator
+                     ) -> tuple[list[int], list[ErrorPattern | None]]:
+        """Counts and patterns conditioned on at least one event (as `sample_given_error`)."""
+        from faultmodels._dist import zt_binomial, zt_poisson
+
+        counts: list[int] = []
+        pats: list[ErrorPattern | None] = []
+        chosen = False
+        for i, c in enumerate(self.classes):
+            if chosen or self.logz[i] == 0.0:
+                k, pat = c.draw_count(rng) if chosen else (0, None)
+            else:
+                lz, rest = self.logz[i], self.suffix[i]
+                q = 1.0 if lz == rest else math.expm1(lz) / math.expm1(rest)
+                if q >= 1.0 or rng.random() < q:
+                    chosen = True
+                    if c.law is None or c.realize is None:
+                        k, pat = 1, c.draw_nonzero(rng)
+                    else:
+                        k = (zt_poisson(c.mu, rng) if c.law == "poisson"
+                             else zt_binomial(c.units, c.p, rng))
+                        pat = c.realize(k, rng)
+                else:
+                    k, pat = 0, None
+            counts.append(k)
+            pats.append(pat)
+        return counts, pats
+
+    def _tilted(self, rng: np.random.Generator
+                ) -> tuple[list[int], list[ErrorPattern | None]]:
+        counts: list[int] = []
+        pats: list[ErrorPattern | None] = []
+        for i, c in enumerate(self.classes):
+            if i == self.wc:
+                k, pat = self._window_draw(c, rng)
+            else:
+                k, pat = c.draw_count(rng, self.plan.factors[i])
+            counts.append(k)
+            pats.append(pat)
+        return counts, pats
+
+    def _planted(self, rng: np.random.Generator
+                 ) -> tuple[list[int], list[ErrorPattern | None]]:
+        """Every class at its own law, then three header bits forced wrong."""
+        counts, pats = [], []
+        for c in self.classes:
+            k, pat = c.draw_count(rng)
+            counts.append(k)
+            pats.append(pat)
+        hb = 8 * self.plan.plant_len
+        a, b = ((0, 1), (0, 2), (1, 2))[int(rng.integers(3))]
+        third = 3 - a - b
+        j, y = (int(v) for v in rng.integers(hb, size=2))
+        st = [8 * x for x in self.plan.plant]
+        planted = np.array([st[a] + j, st[b] + j, st[third] + y], dtype=np.int64)
+        old = pats[self.pc]
+        flips = planted if old is None else np.union1d(old.flips, planted)
+        counts[self.pc] = int(flips.size)
+        pats[self.pc] = ErrorPattern(self.nbytes, flips)
+        return counts, pats
+
+    def _log_ratio_planted(self, pats: list[ErrorPattern | None]) -> float:
+        """log q_plant(x) / p(x) = log(#planting sets inside x) - log(|S| p^3)."""
+        pat = pats[self.pc]
+        if pat is None:
+            return -math.inf
+        hb = 8 * self.plan.plant_len
+        sets = []
+        for s0 in self.plan.plant:
+            f = pat.flips
+            sets.append(f[(f >= 8 * s0) & (f < 8 * s0 + hb)] - 8 * s0)
+        n = 0
+        for a, b, third in ((0, 1, 2), (0, 2, 1), (1, 2, 0)):
+            n += np.intersect1d(sets[a], sets[b], assume_unique=True).size * sets[third].size
+        return math.log(n) - self.plant_log if n else -math.inf
+
+    def _window_draw(self, c: EventClass, rng: np.random.Generator
+                     ) -> tuple[int, ErrorPattern | None]:
+        from faultmodels._dist import distinct
+
+        m = int(rng.integers(self.w_start.size))
+        s0, wb = int(self.w_start[m]), int(self.w_bits[m])
+        n = c.units
+        k_in = int(rng.binomial(wb, self.plan.window_p))
+        k_out = int(rng.binomial(n - wb, c.p))
+        inside = s0 + distinct(wb, k_in, rng)
+        outside = distinct(n - wb, k_out, rng)
+        outside[outside >= s0] += wb
+        k = k_in + k_out
+        if not k:
+            return 0, None
+        return k, ErrorPattern(self.nbytes, np.sort(np.concatenate((inside, outside))))
+
+    # -- the mixture's weight ------------------------------------------------------------
+    def _log_ratio_tilted(self, counts: list[int], pats: list[ErrorPattern | None]) -> float:
+        """log q_tilted(x) / p(x) from the draw's counts (and the bit class's positions)."""
+        total = 0.0
+        for i, c in enumerate(self.classes):
+            if i == self.wc:
+                pat = pats[i]
+                flips = pat.flips if pat is not None else np.empty(0, np.int64)
+                idx = np.searchsorted(self.w_start, flips, side="right") - 1
+                ok = idx >= 0
+                ok[ok] = flips[ok] < self.w_start[idx[ok]] + self.w_bits[idx[ok]]
+                k = np.bincount(idx[ok], minlength=self.w_start.size).astype(np.float64)
+                terms = k * self.w_a + (self.w_bits - k) * self.w_b
+                total += _logsumexp(terms) - math.log(self.w_start.size)
+            else:
+                total += c.log_ratio(counts[i], self.plan.factors[i])
+        return total
+
+    def draw(self, rng: np.random.Generator) -> tuple[ErrorPattern, float]:
+        """One block's pattern and its log weight log p(x) / q(x)."""
+        alpha, gamma = self.plan.alpha, (self.plan.plant_share if self.pc >= 0 else 0.0)
+        beta = max(0.0, 1.0 - alpha - gamma)
+        u = rng.random() if alpha < 1.0 else 0.0
+        if u < alpha:
+            counts, pats = self._conditional(rng)
+        elif u < alpha + gamma:
+            counts, pats = self._planted(rng)
+        else:
+            counts, pats = self._tilted(rng)
+        parts = [p for p in pats if p is not None]
+        pattern = ErrorPattern.combine(self.nbytes, parts)
+        if alpha >= 1.0:
+            return pattern, self.log_p_any
+        terms = []
+        if beta > 0.0:
+            terms.append(math.log(beta) + self._log_ratio_tilted(counts, pats))
+        if gamma > 0.0:
+            terms.append(math.log(gamma) + self._log_ratio_planted(pats))
+        if any(counts) and alpha > 0.0:
+            terms.append(math.log(alpha) - self.log_p_any)
+        return pattern, -_logsumexp(np.asarray(terms))
+
+
+# -- choosing the plan ---------------------------------------------------------------------
+def uniform_plan(model: Any, nbytes: int, hours: float, s: float,
+                 alpha: float = ALPHA) -> TiltPlan:
+    """Every class with a known count law tilted by the same factor ``s``."""
+    classes = model.event_classes(nbytes, hours)
+    factors = tuple(float(s) if c.law is not None else 1.0 for c in classes)
+    return TiltPlan(alpha, factors, note=f"every class's count tilted by {s:g}")
+
+
+def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: float
+              ) -> TiltPlan:
+    """The tilt a campaign uses with ``tilt = "auto"``.
+
+    * Independent bit errors under a code that corrects ``t`` symbols per unit (RS, BCH):
+      the window tilt, one window per decoding unit's data bytes in the record, with the bit
+      probability that puts ``t + 1`` wrong symbols in the window's codeword on average
+      (the mean shifted to the failure threshold: the exponential tilt that is efficient for
+      a tail ``P(K > t)``). Under a shard code: the bit count tilted so that ``m + 1`` bits
+      are wrong in the record on average (the fewest that can lose a block).
+    * A clustered class (sector, row, poison, ...) whose single event is fatal less than half
+      of the time (``rkv.faults.fatality.class_fatality``): its count tilted to one event per
+      record on average, so that combinations of events are drawn; classes that are fatal on
+      their own are left to the conditional half of the mixture.
+    * Nothing to tilt (``none``, ``raw``, or every class fatal on its own): ``alpha = 1``,
+      plain conditional sampling.
+    """
+    from rkv.faults.fatality import PRELUDE, class_fatality, layout_for
+    from rkv.faults.reliability import RAW
+
+    classes = model.event_classes(nbytes, hours)
+    factors = [1.0] * len(classes)
+    notes: list[str] = []
+    window_class, window_p = -1, 0.0
+    windows: tuple[tuple[int, int], ...] = ()
+    if protection == RAW:
+        return TiltPlan(1.0, tuple(factors), note="raw: conditional sampling")
+    lay = layout_for(protection, data_bytes)
+    plant: tuple[int, ...] = ()
+    for i, c in enumerate(classes):
+        if not _is_bit_class(c, nbytes):
+            continue
+        h = lay.hlen
+        if lay.kind != "detect" and h > 0 and 24 * h * c.p < 1.0:
+            # The header's copies: two after the two leading preludes, one before the last.
+            plant = (2 * PRELUDE, 2 * PRELUDE + h, lay.record - PRELUDE - h)
+            window_class = i
+            notes.append(f"bits: header vote planted (3 copies of {h} bytes)")
+        if lay.kind in ("rs", "bch"):
+            if lay.kind == "rs":
+                _, k, il, t = lay.params
+                span = k * il
+                q = min(0.5, (t + 1) / k)                 # byte error probability wanted
+                pt = -math.expm1(math.log1p(-q) / 8)
+            else:
+                span, _, t = lay.params
+                pt = min(0.5, (t + 1) / (8 * span))
+            if pt > c.p:
+                starts = range(lay.payload_off, lay.payload_off + lay.data, span)
+                windows = tuple((a, min(span, lay.payload_off + lay.data - a)) for a in starts)
+                window_class, window_p = i, pt
+                notes.append(f"bits: window tilt {pt / c.p:.3g}x over {len(windows)} "
+                             f"{lay.kind} units of {span} data bytes (t + 1 = {t + 1} per unit)")
+        elif lay.kind == "shard":
+            target = float(lay.params[1] + 1)
+            mean = c.units * c.p
+            if mean < target:
+                factors[i] = min(target / mean, 0.5 / c.p)
+                notes.append(f"bits: count tilt {factors[i]:.3g}x ({target:g} per record)")
+    # class_fatality judges the clustered classes in event_classes order (at the layout's
+    # record size, which is the stored record's).
+    idx = [i for i, c in enumerate(classes) if c.rate.kind != "bit" and c.log_p0 != 0.0]
+    judged = class_fatality(model, protection, data_bytes, hours)
+    if len(judged) != len(idx) or lay.record != nbytes:
+        idx, judged = [], []
+    for i, (_, _, f) in zip(idx, judged, strict=True):
+        c = classes[i]
+        if c.law is None or f >= 0.5:
+            continue
+        mean = c.mu if c.law == "poisson" else c.units * c.p
+        if 0.0 < mean < 1.0:
+            factors[i] = 1.0 / mean if c.law == "poisson" else min(1.0 / mean, 0.5 / c.p)
+            notes.append(f"{c.rate.kind} ({c.rate.label or i}): count tilt {factors[i]:.3g}x "
+                         f"(fatal alone {f:.3g})")
+    tilt = bool(windows) or any(f != 1.0 for f in factors)
+    if not tilt and not plant:
+        return TiltPlan(1.0, tuple(factors), note="nothing rare to tilt: conditional sampling")
+    alpha = ALPHA if not (tilt and plant) else ALPHA / 2
+    share = (1.0 - alpha) / 2 if tilt else 1.0 - alpha
+    return TiltPlan(alpha, tuple(factors), window_class, window_p, windows, plant,
+                    lay.hlen if plant else 0, share if plant else 0.0, note="; ".join(notes))
+
+
+# -- the estimate --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Estimate:
+    """A weighted estimate of one outcome's probability per block."""
+
+    mean: float
+    stderr: float
+    hits: int          # blocks with this outcome
+    ess: float         # (sum w 1{o})^2 / sum (w 1{o})^2: how many hits it is worth
+
+    @property
+    def rel_err(self) -> float:
+        return self.stderr / self.mean if self.mean > 0 else math.inf
+
+    def to_dict(self) -> dict[str, float]:
+        return {"estimate": self.mean, "stderr": self.stderr, "rel_err": self.rel_err,
+                "hits": self.hits, "ess": self.ess}
+
+
+def estimate(hit: np.ndarray, log_w: np.ndarray) -> Estimate:
+    """mean(w 1{hit}) over all blocks, with its standard error (sample standard deviation
+    of the per-block terms over sqrt(n))."""
+    n = int(log_w.size)
+    lw = log_w[hit]
+    if n == 0 or lw.size == 0:
+        return Estimate(0.0, 0.0, 0, 0.0)
+    top = float(lw.max())
+    y = np.zeros(n)
+    y[: lw.size] = np.exp(lw - top)          # the order of terms does not matter
+    mean = float(y.mean())
+    var = float(((y - mean) ** 2).sum() / max(n - 1, 1))
+    ess = float(y.sum() ** 2 / (y ** 2).sum())
+    scale = math.exp(top)
+    return Estimate(mean * scale, math.sqrt(var / n) * scale, int(lw.size), ess)
+
+
+def weight_ess(log_w: np.ndarray) -> float:
+    """Kish's effective sample size of the weights."""
+    if log_w.size == 0:
+        return 0.0
+    y = np.exp(log_w - float(log_w.max()))
+    return float(y.sum() ** 2 / (y ** 2).sum())
