@@ -3,20 +3,32 @@
 Sources (docs/faultmodels/nvme.md has the discussion; (secondary) = not checked against the
 primary source):
 
-* Raw bit error rate: ``RBER(PE, t) = exp((a*PE + b)*ln(t) + c*PE + d)``, t in seconds,
-  a = 7.92e-6, b = 0.25, c = 3.28e-5, d = -12.72 (a 3D-NAND form after Luo et al.,
-  SIGMETRICS 2018; parameters from simulator configurations, secondary). At 3,000 P/E
-  cycles: about 3.1e-5 after 1 h, 7.4e-5 after 1 day, 3.7e-4 after 1 year.
+* Raw bit error rate (``rber_form = "power"``, the default): ``RBER(PE, t) = r0 * (1 +
+  PE/P0)^alpha * (t / 1 h)^beta``, fitted to published points (`faultmodels.nand_field`,
+  docs/faultmodels/nvme.md): r0 = 4.2e-8, P0 = 100, alpha = 1.92, beta = 0.273; fresh
+  devices about 1e-7 after a day, 7.4e-5 at 3,000 P/E cycles (Mielke et al., IRPS 2008;
+  Cai et al., DATE 2012; Luo et al., SIGMETRICS 2018; secondary). ``rber_form = "luo"``
+  keeps the older ``exp((a*PE + b)*ln(t_s) + c*PE + d)`` form (a = 7.92e-6, b = 0.25,
+  c = 3.28e-5, d = -12.72; simulator configurations, secondary), which barely responds to
+  wear.
 * Temperature: Arrhenius acceleration of retention time with Ea = 1.1 eV (JEDEC JESD218
   practice), reference 30 C.
 * Overdispersion of errors per codeword: beta-binomial (Taranalli et al.), optional.
 * Device ECC: BCH from 4 bits / 512 B up to 40-72 bits / 1 KiB, LDPC beyond; a code that
   corrects 40 bits per 1 KiB meets UBER 1e-16 up to RBER about 1.5e-3 (secondary).
-  A codeword with more than t wrong bits fails; a failed codeword loses its sector (a
-  detected read error, erasure kind ``"sector"``). Decoder miscorrection is ignored.
+  A codeword with more than t wrong bits fails: the decoder either reports it (the sector is
+  lost: a detected read error, erasure kind ``"sector"``) or, with probability
+  ``ecc_miscorrection``, decodes to a wrong codeword (silent: 2t+1 wrong data bits in that
+  codeword, the nearest other codeword being 2t+1 bits away). Default (``"auto"``): for BCH
+  the sphere ratio V(n, t) / 2^(n-k) (about 1/t! for a full-length code; McEliece & Swanson,
+  IEEE Trans. IT 1986 for the Reed-Solomon analogue), for LDPC 1e-4 of the failures
+  (assumption: MacKay, IEEE Trans. IT 1999, saw no undetected errors at all among his
+  Gallager codes' decoding failures; 1e-4 bounds what such runs could miss).
 * Latent sector errors in the field: 2-6 of 1,000 drive-days see an uncorrectable error
-  (Schroeder, Lagisetty & Merchant, FAST 2016); spatial clustering: the chance of another
-  latent sector error within 10 MB is 0.5 (Bairavasundaram et al., SIGMETRICS 2007).
+  (Schroeder, Lagisetty & Merchant, FAST 2016), yet only 20-63 % of drives see one in 4 years:
+  a gamma multiplier per drive (shape ``drive_shape``, mean 1) fitted to both; ``drive``
+  chooses the drive (``"mean"``, the default, or a quantile); spatial clustering: the chance
+  of another latent sector error within 10 MB is 0.5 (Bairavasundaram et al., SIGMETRICS 2007).
 * Silent corruption: checksum mismatches on 0.466% (nearline) / 0.042% (enterprise) of
   disks per year, often in runs of adjacent blocks (Bairavasundaram et al., FAST 2008; hard
   disks behind a storage controller, applied to SSDs as an assumption). Not detected.
@@ -31,19 +43,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from . import nand_field, nand_raw, wordecc
 from ._checks import as_choice, as_float, as_int, as_str, split_params
 from ._dist import (
     FloatArray,
     IntArray,
-    bb_log_p0,
     bb_tail,
-    bb_zt_cdf,
     beta_params,
     binom_tail,
     distinct,
-    first_nonzero_index,
     runs,
-    sample_from_cdf,
 )
 from .base import (
     ErrorPattern,
@@ -59,6 +68,9 @@ __all__ = ["BOLTZMANN_EV", "NandModel"]
 
 BOLTZMANN_EV = 8.617333262e-5  # eV / K
 ECC_CHOICES = ("none", "bch", "ldpc")
+RBER_FORMS = ("power", "luo")
+#: Undetected fraction of LDPC decoding failures (assumption, see the module docstring).
+LDPC_UNDETECTED = 1e-4
 
 
 def _sector_erasures(sectors: IntArray, sb: int, n: int) -> tuple[tuple[int, int, str], ...]:
@@ -89,6 +101,11 @@ class NandModel(FaultModel):
     temperature_c: float = 30.0
     reference_temperature_c: float = 30.0
     activation_energy_ev: float = 1.1
+    rber_form: str = "power"
+    rber_fresh: float = 4.2e-8
+    rber_pe_scale: float = 100.0
+    rber_pe_exp: float = 1.92
+    rber_time_exp: float = 0.273
     rber_a: float = 7.92e-6
     rber_b: float = 0.25
     rber_c: float = 3.28e-5
@@ -97,9 +114,12 @@ class NandModel(FaultModel):
     device_ecc: str = "bch"
     ecc_bits_per_kib: int = 40
     ecc_codeword_bytes: int = 1024
+    ecc_miscorrection: float | str = "auto"
     sector_bytes: int = 4096
     drive_bytes: int = 10 ** 12
     lse_rate: float = 1.7e-4
+    drive: float | str = "mean"
+    drive_shape: float = 0.134
     cluster_p: float = 0.5
     cluster_bytes: int = 10_000_000
     silent_rate: float = 4.8e-8
@@ -117,8 +137,21 @@ class NandModel(FaultModel):
                lo_open=True))
         set_(self, "activation_energy_ev",
              f(self.activation_energy_ev, "nand.activation_energy_ev", lo=0.0))
-        for k in ("rber_a", "rber_b", "rber_c", "rber_d"):
+        for k in ("rber_a", "rber_b", "rber_c", "rber_d", "rber_pe_exp", "rber_time_exp"):
             set_(self, k, f(getattr(self, k), f"nand.{k}"))
+        set_(self, "rber_form", as_choice(self.rber_form, "nand.rber_form", RBER_FORMS))
+        set_(self, "rber_fresh", f(self.rber_fresh, "nand.rber_fresh", lo=0.0, hi=0.5))
+        set_(self, "rber_pe_scale", f(self.rber_pe_scale, "nand.rber_pe_scale", lo=0.0,
+                                      lo_open=True))
+        if self.ecc_miscorrection != "auto":
+            set_(self, "ecc_miscorrection",
+                 f(self.ecc_miscorrection, "nand.ecc_miscorrection (\"auto\" or a number)",
+                   lo=0.0, hi=1.0))
+        if self.drive != "mean":
+            set_(self, "drive", f(self.drive, "nand.drive (\"mean\" or a quantile)", lo=0.0,
+                                  hi=1.0, lo_open=True, hi_open=True))
+        set_(self, "drive_shape", f(self.drive_shape, "nand.drive_shape", lo=0.0, lo_open=True,
+                                    finite=False))
         set_(self, "overdispersion",
              f(self.overdispersion, "nand.overdispersion", lo=0.0, hi=1.0, hi_open=True))
         set_(self, "device_ecc", as_choice(self.device_ecc, "nand.device_ecc", ECC_CHOICES))
@@ -180,7 +213,13 @@ class NandModel(FaultModel):
         if ts <= 0.0:
             return 0.0
         pe = self.pe_cycles
-        x = (self.rber_a * pe + self.rber_b) * math.log(ts) + self.rber_c * pe + self.rber_d
+        if self.rber_form == "power":
+            if self.rber_fresh <= 0.0:
+                return 0.0
+            x = (math.log(self.rber_fresh) + self.rber_pe_exp * math.log1p(pe / self.rber_pe_scale)
+                 + self.rber_time_exp * math.log(ts / 3600.0))
+        else:
+            x = (self.rber_a * pe + self.rber_b) * math.log(ts) + self.rber_c * pe + self.rber_d
         return min(0.5, math.exp(min(x, 0.0)))
 
     def p_codeword_fail(self, hours: float) -> float:
@@ -194,9 +233,31 @@ class NandModel(FaultModel):
             return bb_tail(nb, a, b, t)
         return binom_tail(nb, p, t)
 
+    @property
+    def miscorrection_prob(self) -> float:
+        """P(a failing codeword is decoded to a wrong codeword: silent), as used."""
+        if self.device_ecc == "none":
+            return 0.0
+        if self.ecc_miscorrection != "auto":
+            return float(self.ecc_miscorrection)
+        if self.device_ecc == "ldpc":
+            return LDPC_UNDETECTED
+        nb = self.ecc_codeword_bits
+        return wordecc.bch_miscorrection(nb, self.ecc_correctable_bits,
+                                         nb - 8 * self.ecc_codeword_bytes)
+
+    @property
+    def miscorrected_bits(self) -> int:
+        """Wrong data bits a miscorrected codeword returns (2t+1, at most the codeword)."""
+        return min(2 * self.ecc_correctable_bits + 1, 8 * self.ecc_codeword_bytes)
+
+    def p_codeword_miscorrect(self, hours: float) -> float:
+        """P(a codeword fails and is decoded to a wrong codeword: silent)."""
+        return self.p_codeword_fail(hours) * self.miscorrection_prob
+
     def p_sector_fail(self, hours: float) -> float:
-        """P(a sector is lost because one of its codewords failed)."""
-        pc = self.p_codeword_fail(hours)
+        """P(a sector is lost because one of its codewords failed detectably)."""
+        pc = self.p_codeword_fail(hours) * (1.0 - self.miscorrection_prob)
         if pc <= 0.0:
             return 0.0
         if pc >= 1.0:
@@ -204,59 +265,60 @@ class NandModel(FaultModel):
         cps = self.sector_bytes // self.ecc_codeword_bytes
         return -math.expm1(cps * math.log1p(-pc))
 
+    @property
+    def drive_multiplier(self) -> float:
+        """This drive's multiplier on `lse_rate`: 1 for ``drive = "mean"``, else the
+        `drive` quantile of Gamma(drive_shape, 1/drive_shape)."""
+        if self.drive == "mean" or math.isinf(self.drive_shape):
+            return 1.0
+        got: float | None = self.__dict__.get("_drive_mult")
+        if got is None:
+            got = nand_field.gamma_quantile(float(self.drive), self.drive_shape)
+            object.__setattr__(self, "_drive_mult", got)
+        return got
+
+    def ue_drive_day_fraction(self) -> float:
+        """Mean over drives of P(a drive-day has a latent sector error): the field's
+        "drive-days with an uncorrectable error" (Schroeder et al., FAST 2016)."""
+        return nand_field.drive_day_fraction(24.0 * self.lse_rate, self.drive_shape)
+
+    def drives_with_ue(self, years: float) -> float:
+        """Fraction of drives with at least one latent sector error in `years` years."""
+        return nand_field.drives_with_ue(24.0 * self.lse_rate, self.drive_shape,
+                                         365.25 * years)
+
     def _per_sector_rates(self) -> tuple[float, float]:
         sectors = self.drive_bytes / self.sector_bytes
-        return self.lse_rate / sectors, self.silent_rate / sectors
+        return self.lse_rate * self.drive_multiplier / sectors, self.silent_rate / sectors
 
     # -- classes -------------------------------------------------------------------------------
-    def _raw_bb_class(self, n: int, p: float, rate: EventRate) -> EventClass:
-        """Raw bit errors, beta-binomial per codeword-sized group (overdispersion > 0)."""
-        alpha, beta = beta_params(p, self.overdispersion)
+    def _miscorrection_classes(self, n: int, h: float) -> list[EventClass]:
+        """Codewords decoded to a wrong codeword: silent, `miscorrected_bits` wrong data bits
+        inside the codeword's part of the buffer. Counted over the codewords the buffer
+        touches, Binomial with p = P(miscorrect) / (1 - P(detected failure)), independent of
+        the detected sectors (a codeword drawn by both lies inside a lost sector), so that
+        P(no ECC event) = (1 - P(fail))^codewords exactly for whole sectors."""
+        pm = self.p_codeword_miscorrect(h)
+        if pm <= 0.0:
+            return []
+        pd = self.p_codeword_fail(h) - pm
+        p = min(1.0, pm / (1.0 - pd)) if pd < 1.0 else 1.0
         cw = self.ecc_codeword_bytes
-        full, tail = divmod(n, cw)
-        groups = []  # (units, log P(unit empty), bits per unit, first unit index)
-        if full:
-            groups.append((full, bb_log_p0(8 * cw, alpha, beta), 8 * cw, 0))
-        if tail:
-            groups.append((1, bb_log_p0(8 * tail, alpha, beta), 8 * tail, full))
-        log_p0 = math.fsum(u * lz for u, lz, _, _ in groups)
-        cdfs: dict[int, FloatArray] = {}
+        n_cw = -(-n // cw)
+        tail = n - (n_cw - 1) * cw
+        m = self.miscorrected_bits
+        bpe = ((n_cw - 1) * m + min(m, 8 * tail)) / n_cw
+        rate = EventRate("silent", n_cw * p, cw, bpe, detected=False,
+                         label=f"{self.device_ecc} miscorrection (wrong codeword, silent)")
 
-        def realize_units(idx: IntArray, m: int, first: int,
-                          rng: np.random.Generator) -> list[IntArray]:
-            cdf = cdfs.get(m)
-            if cdf is None:
-                cdf = cdfs[m] = bb_zt_cdf(m, alpha, beta)
-            counts = sample_from_cdf(cdf, idx.size, rng)
-            out = []
-            for u, c in zip(idx.tolist(), counts.tolist(), strict=True):
-                out.append(distinct(m, c, rng) + (first + u) * 8 * cw)
-            return out
-
-        def draw_nonzero(rng: np.random.Generator) -> ErrorPattern:
-            parts: list[IntArray] = []
-            chosen = False
-            for gi, (units, lz, m, first) in enumerate(groups):
-                q_unit = -math.expm1(lz)
-                if not chosen:
-                    rest = math.fsum(u * z for u, z, _, _ in groups[gi:])
-                    here = units * lz
-                    q = 1.0 if here == rest else (-math.expm1(here)) / (-math.expm1(rest))
-                    if q < 1.0 and rng.random() >= q:
-                        continue
-                    j = first_nonzero_index(units, lz, rng)
-                    later = units - j - 1
-                    nz = int(rng.binomial(later, q_unit)) if later > 0 else 0
-                    idx = np.concatenate(([j], j + 1 + distinct(later, nz, rng))).astype(np.int64)
-                    chosen = True
-                else:
-                    nz = int(rng.binomial(units, q_unit))
-                    idx = distinct(units, nz, rng)
-                if idx.size:
-                    parts.extend(realize_units(idx, m, first, rng))
+        def realize(k: int, rng: np.random.Generator) -> ErrorPattern:
+            parts = []
+            for c in distinct(n_cw, k, rng).tolist():
+                width = 8 * (cw if c < n_cw - 1 else tail)
+                parts.append(distinct(width, min(m, width), rng) + 8 * cw * c)
             return ErrorPattern(n, np.concatenate(parts))
 
-        return EventClass(rate, log_p0, draw_nonzero)
+        return [binomial_class(rate, n_cw, p, realize)]
 
     def _build_classes(self, nbytes: int, hours: float) -> list[EventClass]:
         n, h = nbytes, hours
@@ -269,7 +331,7 @@ class NandModel(FaultModel):
             p = self.rber(h)
             rate = EventRate("bit", 8 * n * p, 1, 1.0, label="raw NAND bit error")
             if self.overdispersion > 0.0 and 0.0 < p < 1.0:
-                out.append(self._raw_bb_class(n, p, rate))
+                out.append(nand_raw.raw_bb_class(self, n, p, rate))
             else:
                 def realize_bits(k: int, rng: np.random.Generator) -> ErrorPattern:
                     return ErrorPattern(n, distinct(8 * n, k, rng))
@@ -284,6 +346,7 @@ class NandModel(FaultModel):
                 return ErrorPattern(n, erasures=_sector_erasures(distinct(n_s, k, rng), sb, n))
 
             out.append(binomial_class(rate, n_s, ps, realize_ecc))
+            out.extend(self._miscorrection_classes(n, h))
 
         lam_s, lam_sil = self._per_sector_rates()
         # 2. latent sector errors with spatial clusters
@@ -377,7 +440,11 @@ class NandModel(FaultModel):
         pu = 1.0 - (1.0 - p_sec) * math.exp(-lam_s * h * (1.0 + eg))
         p_raw = self.rber(h) if self.device_ecc == "none" else 0.0
         p_sil = -math.expm1(-lam_sil * h * self.silent_run_mean)
-        pf = 1.0 - (1.0 - p_raw) * (1.0 - 0.5 * p_sil)
+        pm = self.p_codeword_miscorrect(h)
+        pd = self.p_codeword_fail(h) - pm
+        p_mis = (min(1.0, pm / (1.0 - pd)) if pd < 1.0 else 1.0) * (
+            self.miscorrected_bits / (8.0 * self.ecc_codeword_bytes))
+        pf = 1.0 - (1.0 - p_raw) * (1.0 - 0.5 * p_sil) * (1.0 - p_mis)
         return pu, pf
 
     def params(self) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def chipkill_random_miscorrection(symbols: int = 36, symbol_bits: int = 4,
     miscorrection probability of an error beyond the double-symbol detection guarantee.
     Default: x4 chipkill as 36 four-bit symbols with 4 check symbols (144-bit word)."""
     q = 1 << symbol_bits
-    return symbols * (q - 1) / (q ** check_symbols - 1)
+    return float(symbols * (q - 1)) / float(q ** check_symbols - 1)
 
 
 def bch_miscorrection(n_bits: int, t: int, parity_bits: int) -> float:
