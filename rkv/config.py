@@ -71,6 +71,9 @@ class TierConfig:
     what leaves the tier when it is full and what may enter it then: an eviction spec from
     ``policies`` (``"lru"``, ``"s3fifo(small=0.1)"``, ``"prefix"``), optionally with an
     admission spec after a ``+`` (``"prefix+after(n=2)"``); see docs/policies.md.
+    ``reads``: ``"mmap"`` reads records zero-copy through the map; ``"pread"`` copies them out
+    of the file, so a lost page (poisoned memory, a truncated file) fails the read with its
+    range (decoded as an erasure) instead of killing the process with SIGBUS.
     """
 
     name: str
@@ -86,6 +89,7 @@ class TierConfig:
     sync: bool = False
     map_bytes: int = 0
     policy: str = "prefix"
+    reads: str = "mmap"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -106,6 +110,9 @@ class TierConfig:
             raise ConfigError(f"tier {self.name}: fault_model must be a preset name")
         if not isinstance(self.sync, bool):
             raise ConfigError(f"tier {self.name}: sync must be a bool")
+        if self.reads not in ("mmap", "pread"):
+            raise ConfigError(f"tier {self.name}: reads must be 'mmap' (zero-copy) or 'pread' "
+                              f"(SIGBUS-safe), got {self.reads!r}")
         if not isinstance(self.ecc, str) or not self.ecc.strip():
             raise ConfigError(f"tier {self.name}: ecc must be a codec spec such as 'rs(255,239)'")
         if self.ecc.strip().lower() != "none":

@@ -133,7 +133,7 @@ class Engine:
                             "memory-tier chunks are not shared)", root, identity.copied_from)
             tiers: dict[str, Tier] = {}
             for t in config.tiers:
-                spec = TierSpec(t.name, t.capacity_bytes, t.map_bytes, t.sync)
+                spec = TierSpec(t.name, t.capacity_bytes, t.map_bytes, t.sync, t.reads)
                 tiers[t.name] = open_tier(spec, resolve_tier_path(root, t, identity.id),
                                            readonly)
                 cleanup.callback(tiers[t.name].close)

@@ -24,6 +24,7 @@ class TierSpec:
     capacity_bytes: int
     map_bytes: int = 0            # the LMDB map (0: sized from the capacity)
     sync: bool = False            # fsync every commit
+    reads: str = "mmap"           # "pread": copy records out of the file (SIGBUS-safe)
 
 
 class TierReader(Protocol):

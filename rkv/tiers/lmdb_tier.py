@@ -10,27 +10,32 @@ from typing import Any
 
 import lmdb
 
-from rkv.errors import CorruptStoreError, RkvError, StoreClosedError
+from rkv.errors import CorruptStoreError, RkvError, StoreClosedError, StoreError
 from rkv.lmdbenv import SharedEnv, acquire, map_bytes_for, release, translate, typed
 from rkv.tiers.base import Tier, TierSpec
+from rkv.tiers.safe_read import MapFile
 
 _BLOCKS = b"blocks"
 _META = b"meta"
 
 
 class _Reader:
-    def __init__(self, txn: Any, db: Any, where: str) -> None:
+    def __init__(self, txn: Any, db: Any, where: str, file: MapFile | None = None) -> None:
         self._txn = txn
         self._db = db
         self._where = where
+        self._file = file
 
     def get(self, key: bytes) -> memoryview | None:
         if self._db is None:
             return None
         try:
-            return self._txn.get(key, db=self._db)  # type: ignore[no-any-return]
+            view = self._txn.get(key, db=self._db)
         except lmdb.Error as exc:
             raise translate(exc, self._where) from exc
+        if view is None or self._file is None:
+            return view  # type: ignore[no-any-return]
+        return self._file.read(view, key)
 
 
 class LmdbTier(Tier):
@@ -39,6 +44,9 @@ class LmdbTier(Tier):
     ``state`` says what opening found: ``"new"`` (the environment was created now, so it is
     empty), ``"ok"`` (its store id was read) or ``"damaged"`` (its id cannot be read: the tier
     is kept as it is, never given a new id, and reads of its blocks fail as integrity errors).
+    With ``spec.reads == "pread"`` records are copied out of the data file with ``pread``
+    instead of being read through the map (:mod:`rkv.tiers.safe_read`): a lost page is then
+    a MediumError with its range, not a SIGBUS.
     """
 
     def __init__(self, spec: TierSpec, path: Path, *, readonly: bool = False) -> None:
@@ -55,6 +63,13 @@ class LmdbTier(Tier):
         )
         self._blocks = self._env.db(_BLOCKS)
         self._meta = self._env.db(_META)
+        self._file: MapFile | None = None
+        if spec.reads == "pread":
+            try:
+                self._file = MapFile(self.path / "data.mdb")
+            except OSError as exc:
+                self.close()
+                raise StoreError(f"tier {self.name}: cannot open its data file: {exc}") from exc
         self.state = "new" if self._env.new else "ok"
         self._store_id = ""
         try:
@@ -132,7 +147,7 @@ class LmdbTier(Tier):
     def reader(self) -> Iterator[_Reader]:
         where = f"tier {self.name} ({self.path})"
         with self.env.read() as txn:
-            yield _Reader(txn, self._blocks, where)
+            yield _Reader(txn, self._blocks, where, self._file)
 
     def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
         self.ensure_checked()
@@ -194,6 +209,10 @@ class LmdbTier(Tier):
         }
 
     def close(self) -> None:
+        if getattr(self, "_file", None) is not None:
+            assert self._file is not None
+            self._file.close()
+            self._file = None
         if self._env is not None:
             release(self._env)
             self._env = None
