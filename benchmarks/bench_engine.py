@@ -1,6 +1,7 @@
 """Engine put/get throughput against raw LMDB on the same bytes, measured in the same run.
 
     .venv/bin/python benchmarks/bench_engine.py [--repeat 5] [--seqs 8] [--tokens 2048]
+        [--read-mode mmap|pread]
 
 Baselines (one LMDB environment on the same medium, same flags, one write transaction per
 sequence like the engine):
@@ -111,10 +112,11 @@ def timed_reads(fn: Any, reads: int) -> tuple[float, float]:
 
 
 def engine_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
-               chunk: int, medium: str, reads: int, ecc: str) -> tuple[float, float, float]:
+               chunk: int, medium: str, reads: int, ecc: str, read_mode: str = "mmap"
+               ) -> tuple[float, float, float]:
     cfg = EngineConfig(chunk_tokens=chunk, tiers=(
         TierConfig("t0", medium=medium, path=str(base / "t0"), capacity_bytes=1 << 40,
-                   ecc=ecc),))
+                   ecc=ecc, reads=read_mode),))
     with Engine.open(base / "store", cfg) as e:
         t0 = time.perf_counter()
         for t, kv in data:
@@ -144,6 +146,8 @@ def main() -> None:
     ap.add_argument("--medium", choices=["memory", "disk"], default="memory")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--ecc", default="none", help="the engine tier's codec, e.g. rs(255,239)")
+    ap.add_argument("--read-mode", choices=["mmap", "pread"], default="mmap",
+                    help="the tier's reads setting (pread: SIGBUS-safe copies from the file)")
     ap.add_argument("--json", default=None, help="write results to this file")
     args = ap.parse_args()
     where = memory_dir() if args.medium == "memory" else None
@@ -159,7 +163,7 @@ def main() -> None:
             try:
                 raw = raw_lmdb(base, spec, data, args.chunk, args.reads)
                 eng = engine_run(base, spec, data, args.chunk, args.medium, args.reads,
-                                 args.ecc)
+                                 args.ecc, args.read_mode)
             finally:
                 shutil.rmtree(base, ignore_errors=True)
             for k, v in zip(samples, (*raw, *eng), strict=True):
@@ -170,8 +174,9 @@ def main() -> None:
                      "put_ratio": med["put"] / med["raw_put"],
                      "get_ratio": med["get"] / med["raw_get"],
                      "get_into_ratio": med["get_into"] / med["raw_get_into"]})
-    print(f"\nmedium={args.medium}, ecc={args.ecc}, {args.seqs} sequences x {args.tokens} tokens, "
-          f"chunk {args.chunk}, median of {args.repeat} (GB/s of KV)\n")
+    print(f"\nmedium={args.medium}, ecc={args.ecc}, reads={args.read_mode}, {args.seqs} "
+          f"sequences x {args.tokens} tokens, chunk {args.chunk}, median of {args.repeat} "
+          "(GB/s of KV)\n")
     print("| model | block | raw put | rkv put | ratio | raw get | rkv get | ratio | "
           "raw get into buffer | rkv get out= | ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
