@@ -20,12 +20,15 @@ import faultmodels as fm
 from faultmodels import FaultModelError
 from faultmodels._toml import dumps_plain
 
-PRESETS = ["cxl", "dram-ddr4", "dram-ddr5", "nvme-tlc", "raw-ber"]
+PRESETS = ["cxl", "dram-ddr4", "dram-ddr4-high", "dram-ddr4-low", "dram-ddr5", "nvme-tlc",
+           "raw-ber"]
 
 # inflated versions of each preset, so that errors happen in a few draws
 INFLATED: dict[str, dict[str, Any]] = {
     "raw-ber": {"preset": "raw-ber", "ber": 1e-3},
     "dram-ddr4": {"preset": "dram-ddr4", "fit_multiplier": 1e6},
+    "dram-ddr4-low": {"preset": "dram-ddr4-low", "fit_multiplier": 3e6},
+    "dram-ddr4-high": {"preset": "dram-ddr4-high", "fit_multiplier": 1e5},
     "dram-ddr5": {"preset": "dram-ddr5", "fit_multiplier": 1e6, "system_ecc": "none"},
     "cxl": {"preset": "cxl", "media_multiplier": 1e6, "controller_fit": 1e7,
             "link_ber": 1e-4, "crc_escape": 0.1},
@@ -37,6 +40,7 @@ def test_list_presets_and_models() -> None:
     assert fm.list_presets() == PRESETS
     assert fm.model_names() == ["cxl", "dram", "nand", "raw-ber"]
     kinds = {"cxl": fm.CxlModel, "dram-ddr4": fm.DramModel, "dram-ddr5": fm.DramModel,
+             "dram-ddr4-low": fm.DramModel, "dram-ddr4-high": fm.DramModel,
              "nvme-tlc": fm.NandModel, "raw-ber": fm.RawBerModel}
     for name in PRESETS:
         d = fm.load_preset(name)

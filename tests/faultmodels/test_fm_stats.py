@@ -51,12 +51,12 @@ CASES: dict[str, tuple[dict[str, Any], int, float, float]] = {
     "cxl": ({"preset": "cxl", "media_multiplier": 3e5, "controller_fit": 2e7,
              "link_ber": 1e-5, "crc_escape": 0.01}, 16384, 10.0, 0.0),
     "nvme-tlc": ({"preset": "nvme-tlc", "lse_rate": 3e3, "silent_rate": 3e3,
-                  "ecc_bits_per_kib": 4, "pe_cycles": 10000}, 65536, 24.0, 0.0),
+                  "ecc_bits_per_kib": 4, "pe_cycles": 4800}, 65536, 24.0, 0.0),
     "nvme-raw": ({"preset": "nvme-tlc", "device_ecc": "none", "lse_rate": 0.0,
                   "silent_rate": 0.0}, 1024, 1.0, 0.0),
     "nvme-raw-overdispersed": ({"preset": "nvme-tlc", "device_ecc": "none",
                                 "overdispersion": 0.01, "lse_rate": 0.0, "silent_rate": 0.0,
-                                "pe_cycles": 20000}, 2148, 24.0, 0.0),
+                                "pe_cycles": 9100}, 2148, 24.0, 0.0),
 }
 
 
@@ -164,7 +164,7 @@ def test_given_error_dram_is_zero_truncated_poisson() -> None:
 
 GIVEN_CASES: dict[str, tuple[dict[str, Any], int, float]] = {
     "nvme-tlc": ({"preset": "nvme-tlc", "lse_rate": 1e3, "silent_rate": 3e3,
-                  "ecc_bits_per_kib": 4, "pe_cycles": 6000}, 65536, 24.0),
+                  "ecc_bits_per_kib": 4, "pe_cycles": 3700}, 65536, 24.0),
     "cxl": ({"preset": "cxl", "media_multiplier": 1e5, "controller_fit": 1e7,
              "link_ber": 3e-6, "crc_escape": 0.01}, 16384, 10.0),
     "dram-ddr4": ({"preset": "dram-ddr4", "fit_multiplier": 5e5}, 16384, 5.0),
@@ -225,7 +225,7 @@ RARE: dict[str, tuple[Any, float]] = {
     "dram-ddr5": ("dram-ddr5", 1e-13),
     "cxl": ({"preset": "cxl", "link_ber": 1e-30}, 1e-13),
     "nvme-tlc": ("nvme-tlc", 1e-11),
-    "nvme-raw": ({"preset": "nvme-tlc", "device_ecc": "none", "rber_d": -60.0, "lse_rate": 0.0,
+    "nvme-raw": ({"preset": "nvme-tlc", "device_ecc": "none", "rber_fresh": 1e-30, "lse_rate": 0.0,
                   "silent_rate": 0.0}, 1.0),
     "dram-ddr4-chipkill": ({"preset": "dram-ddr4", "system_ecc": "chipkill"}, 1e-4),
 }
