@@ -45,7 +45,8 @@ def test_campaign_matches_analytic(protection: str, ber: float, trials: int) -> 
     s = run_campaign(cfg)
     n = s.blocks
     p = s.prediction
-    assert s.counts["sdc"] == (s.counts["sdc"] if protection == "raw" else 0)
+    if protection != "raw":
+        assert s.counts["sdc"] == 0          # (raw's SDC is checked against the model below)
     faulty = n - s.counts["clean"]
     assert z_close(faulty, n, p.p_error), (faulty, n, p)
     assert z_close(s.counts["due"], n, p.p_due), (s.counts, p)
@@ -134,7 +135,10 @@ def test_analytic_agrees_with_exact_arithmetic() -> None:
     if rem:
         ok *= 1 - _exact_unit_fail(rem + 4, 2, p_bit)
     assert rs.p_due == pytest.approx(float(1 - ok), rel=1e-4)   # header term: ~1e-11 of it
-    assert rs.p_sdc < 1e-30 and rs.p_corrected == pytest.approx(rs.p_error - rs.p_due)
+    # P(any error) of the whole record, exactly: 1 - (1 - p)^(8 record)
+    assert rs.p_error == pytest.approx(float(1 - (1 - p_bit) ** (8 * rs.record_bytes)),
+                                       rel=1e-9)
+    assert rs.p_sdc < 1e-30
 
 
 def test_wilson_interval() -> None:
