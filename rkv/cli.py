@@ -124,6 +124,8 @@ def _campaign_config(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value is not None:
             base[name] = value
+    if getattr(args, "tilt", None) is not None:
+        base["tilt"] = args.tilt if args.tilt == "auto" else _parse_tilt(args.tilt)
     if args.fault_model is not None or args.param:
         fm: Any = args.fault_model if args.fault_model is not None else base.get("fault_model")
         if args.param:
@@ -141,6 +143,13 @@ def _campaign_config(args: argparse.Namespace) -> Any:
             fm = table
         base["fault_model"] = fm
     return CampaignConfig.from_dict(base)
+
+
+def _parse_tilt(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"--tilt expects 'auto' or a number, got {raw!r}") from None
 
 
 def _parse_scalar(raw: str) -> Any:
@@ -349,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     camp.add_argument("--seed", type=int, default=None)
     camp.add_argument("--workers", type=int, default=None)
     camp.add_argument("--sampling", choices=["auto", "direct", "conditional"], default=None)
+    camp.add_argument("--tilt", default=None, metavar="auto|FACTOR",
+                      help="importance sampling for rare outcomes: 'auto', or a count tilt "
+                           "factor (0: off; see docs/rare-events.md)")
     camp.add_argument("--rows", default=None, help="write per-trial rows (JSONL) here")
     camp.add_argument("--replay", type=int, default=None, metavar="TRIAL",
                       help="run one trial again and print its row")
