@@ -106,6 +106,17 @@ def test_bad_campaign_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     one_line_error(capsys)
 
 
+def test_campaign_tilt(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["campaign", "--fault-model", "raw-ber", "--param", "ber=4e-7", "--protection",
+            "rs(255,239)", "--trials", "2", "--blocks", "4", "--chunk-tokens", "64",
+            "--kv-heads", "1", "--no-raw", "--quiet", "--tilt"]
+    assert main([*argv, "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "importance sampling" in out and "rel.err" in out
+    assert main([*argv, "lots"]) == 2
+    one_line_error(capsys)
+
+
 @pytest.mark.parametrize(("exc", "code"), [
     (ChecksumError("block 3 failed\nits checksum"), 1),
     (StoreClosedError("closed"), 2),
