@@ -18,6 +18,10 @@ The proposal is a *defensive mixture* (docs/rare-events.md):
 * with probability ``plant_share``, for records with a voted header, three wrong header
   bits planted where the bitwise vote fails (the same bit in two copies, any bit in the
   third: the fewest errors that lose the header), every other bit at the model's ``p``.
+* with probability ``shard_share``, for shard RS codes, ``m + 1`` wrong bits planted where
+  the column decoding fails (``m // 2 + 1`` in one byte column, one in each of the other
+  shards needed to damage more than ``m``), every other bit at the model's ``p``
+  (:mod:`rkv.faults.importance_shard`).
 
 The weight is that of the mixture, computed from the counts of the draw whichever component
 drew it: ``w = 1 / (alpha 1{fault} / p_any + (1 - alpha) prod_c r_c(x))`` with ``r_c`` the
@@ -36,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from faultmodels.base import ErrorPattern, EventClass
+from rkv.faults.importance_shard import ShardPlant
 
 #: The conditional share of the defensive mixture when something is tilted.
 ALPHA = 0.5
@@ -60,6 +65,8 @@ class TiltPlan:
     plant: tuple[int, ...] = ()
     plant_len: int = 0
     plant_share: float = 0.0
+    shard: tuple[int, ...] = ()
+    shard_share: float = 0.0
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,11 +80,12 @@ class TiltPlan:
                    int(d["window_class"]), float(d["window_p"]),
                    tuple((int(a), int(b)) for a, b in d["windows"]),
                    tuple(int(a) for a in d.get("plant", ())), int(d.get("plant_len", 0)),
-                   float(d.get("plant_share", 0.0)), str(d.get("note", "")))
+                   float(d.get("plant_share", 0.0)), tuple(int(a) for a in d.get("shard", ())),
+                   float(d.get("shard_share", 0.0)), str(d.get("note", "")))
 
     @property
     def tilt_share(self) -> float:
-        return max(0.0, 1.0 - self.alpha - self.plant_share)
+        return max(0.0, 1.0 - self.alpha - self.plant_share - self.shard_share)
 
 
 def _is_bit_class(c: EventClass, nbytes: int) -> bool:
@@ -134,6 +142,13 @@ class Sampler:
             hb = 8 * plan.plant_len
             # log |S| p^3: the uniform mixture over (pair of copies, bit, bit in the third)
             self.plant_log = math.log(3.0 * hb * hb) + 3 * math.log(c.p)
+        self.sc = plan.window_class if plan.shard_share > 0 else -1
+        self.shard: ShardPlant | None = None
+        if self.sc >= 0:
+            c = self.classes[self.sc]
+            if not _is_bit_class(c, nbytes):
+                raise ValueError("shard planting needs an independent-bit class")
+            self.shard = ShardPlant(plan.shard, c.p, nbytes)
 
     # -- the two components --------------------------------------------------------------
     def _conditional(self, rng: np.random.Generator
@@ -177,24 +192,28 @@ class Sampler:
             pats.append(pat)
         return counts, pats
 
-    def _planted(self, rng: np.random.Generator
+    def _planted(self, rng: np.random.Generator, shard: bool = False
                  ) -> tuple[list[int], list[ErrorPattern | None]]:
-        """Every class at its own law, then three header bits forced wrong."""
+        """Every class at its own law, then three header bits (or, ``shard``, the shard
+        code's ``m + 1``) forced wrong."""
         counts, pats = [], []
         for c in self.classes:
             k, pat = c.draw_count(rng)
             counts.append(k)
             pats.append(pat)
-        hb = 8 * self.plan.plant_len
-        a, b = ((0, 1), (0, 2), (1, 2))[int(rng.integers(3))]
-        third = 3 - a - b
-        j, y = (int(v) for v in rng.integers(hb, size=2))
-        st = [8 * x for x in self.plan.plant]
-        planted = np.array([st[a] + j, st[b] + j, st[third] + y], dtype=np.int64)
-        old = pats[self.pc]
-        flips = planted if old is None else np.union1d(old.flips, planted)
-        counts[self.pc] = int(flips.size)
-        pats[self.pc] = ErrorPattern(self.nbytes, flips)
+        if shard and self.shard is not None:
+            i, planted = self.sc, self.shard.plant(rng)
+        else:
+            hb = 8 * self.plan.plant_len
+            a, b = ((0, 1), (0, 2), (1, 2))[int(rng.integers(3))]
+            third = 3 - a - b
+            j, y = (int(v) for v in rng.integers(hb, size=2))
+            st = [8 * x for x in self.plan.plant]
+            i, planted = self.pc, np.array([st[a] + j, st[b] + j, st[third] + y], np.int64)
+        old = pats[i]
+        flips = np.unique(planted) if old is None else np.union1d(old.flips, planted)
+        counts[i] = int(flips.size)
+        pats[i] = ErrorPattern(self.nbytes, flips)
         return counts, pats
 
     def _log_ratio_planted(self, pats: list[ErrorPattern | None]) -> float:
@@ -250,12 +269,15 @@ class Sampler:
     def draw(self, rng: np.random.Generator) -> tuple[ErrorPattern, float]:
         """One block's pattern and its log weight log p(x) / q(x)."""
         alpha, gamma = self.plan.alpha, (self.plan.plant_share if self.pc >= 0 else 0.0)
-        beta = max(0.0, 1.0 - alpha - gamma)
+        delta = self.plan.shard_share if self.shard is not None else 0.0
+        beta = max(0.0, 1.0 - alpha - gamma - delta)
         u = rng.random() if alpha < 1.0 else 0.0
         if u < alpha:
             counts, pats = self._conditional(rng)
         elif u < alpha + gamma:
             counts, pats = self._planted(rng)
+        elif u < alpha + gamma + delta:
+            counts, pats = self._planted(rng, shard=True)
         else:
             counts, pats = self._tilted(rng)
         parts = [p for p in pats if p is not None]
@@ -267,6 +289,10 @@ class Sampler:
             terms.append(math.log(beta) + self._log_ratio_tilted(counts, pats))
         if gamma > 0.0:
             terms.append(math.log(gamma) + self._log_ratio_planted(pats))
+        if delta > 0.0 and self.shard is not None:
+            sp = pats[self.sc]
+            terms.append(math.log(delta) + (self.shard.log_ratio(sp.flips) if sp is not None
+                                            else -math.inf))
         if any(counts) and alpha > 0.0:
             terms.append(math.log(alpha) - self.log_p_any)
         return pattern, -_logsumexp(np.asarray(terms))
@@ -289,12 +315,14 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
       the window tilt, one window per decoding unit's data bytes in the record, with the bit
       probability that puts ``t + 1`` wrong symbols in the window's codeword on average
       (the mean shifted to the failure threshold: the exponential tilt that is efficient for
-      a tail ``P(K > t)``). Under a shard code: the bit count tilted so that ``m + 1`` bits
-      are wrong in the record on average (the fewest that can lose a block).
+      a tail ``P(K > t)``). Under a shard code: the shard planting (``m // 2 + 1`` wrong
+      bytes in one column, ``m + 1`` damaged shards: the fewest bits that lose a block).
     * A clustered class (sector, row, poison, ...) whose single event is fatal less than half
       of the time (``rkv.faults.fatality.class_fatality``): its count tilted to one event per
       record on average, so that combinations of events are drawn; classes that are fatal on
       their own are left to the conditional half of the mixture.
+    * Shares: ``alpha = 0.5`` with one other part (tilt, header planting, shard planting),
+      ``0.25`` with two or more; the rest split evenly.
     * Nothing to tilt (``none``, ``raw``, or every class fatal on its own): ``alpha = 1``,
       plain conditional sampling.
     """
@@ -310,10 +338,22 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
         return TiltPlan(1.0, tuple(factors), note="raw: conditional sampling")
     lay = layout_for(protection, data_bytes)
     plant: tuple[int, ...] = ()
+    shard: tuple[int, ...] = ()
     for i, c in enumerate(classes):
         if not _is_bit_class(c, nbytes):
             continue
         h = lay.hlen
+        if lay.kind == "shard":
+            # Both plantings need the fewest bits of their failure; drop the header's when
+            # its share of the planted mass (|W| p^(bits), to leading order) is below 1e-3.
+            k, m, s, check = lay.params
+            shard = (lay.payload_off, k + m, m, s, check)
+            window_class = i
+            notes.append(f"bits: shard columns planted ({m // 2 + 1} wrong bytes in a column "
+                         f"of {k + m} shards, {m + 1} damaged shards)")
+            if h > 0 and math.log(3 * (8 * h) ** 2) + 3 * math.log(c.p) < \
+                    ShardPlant(shard, c.p, nbytes).log_norm + math.log(1e-3):
+                h = 0
         if lay.kind != "detect" and h > 0 and 24 * h * c.p < 1.0:
             # The header's copies: two after the two leading preludes, one before the last.
             plant = (2 * PRELUDE, 2 * PRELUDE + h, lay.record - PRELUDE - h)
@@ -334,12 +374,6 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
                 window_class, window_p = i, pt
                 notes.append(f"bits: window tilt {pt / c.p:.3g}x over {len(windows)} "
                              f"{lay.kind} units of {span} data bytes (t + 1 = {t + 1} per unit)")
-        elif lay.kind == "shard":
-            target = float(lay.params[1] + 1)
-            mean = c.units * c.p
-            if mean < target:
-                factors[i] = min(target / mean, 0.5 / c.p)
-                notes.append(f"bits: count tilt {factors[i]:.3g}x ({target:g} per record)")
     # class_fatality judges the clustered classes in event_classes order (at the layout's
     # record size, which is the stored record's).
     idx = [i for i, c in enumerate(classes) if c.rate.kind != "bit" and c.log_p0 != 0.0]
@@ -356,12 +390,14 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
             notes.append(f"{c.rate.kind} ({c.rate.label or i}): count tilt {factors[i]:.3g}x "
                          f"(fatal alone {f:.3g})")
     tilt = bool(windows) or any(f != 1.0 for f in factors)
-    if not tilt and not plant:
+    parts = int(tilt) + int(bool(plant)) + int(bool(shard))
+    if not parts:
         return TiltPlan(1.0, tuple(factors), note="nothing rare to tilt: conditional sampling")
-    alpha = ALPHA if not (tilt and plant) else ALPHA / 2
-    share = (1.0 - alpha) / 2 if tilt else 1.0 - alpha
+    alpha = ALPHA if parts == 1 else ALPHA / 2
+    share = (1.0 - alpha) / parts
     return TiltPlan(alpha, tuple(factors), window_class, window_p, windows, plant,
-                    lay.hlen if plant else 0, share if plant else 0.0, note="; ".join(notes))
+                    lay.hlen if plant else 0, share if plant else 0.0, shard,
+                    share if shard else 0.0, note="; ".join(notes))
 
 
 # -- the estimate --------------------------------------------------------------------------
