@@ -4,6 +4,7 @@ stated relative error that the analytic model falls within."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -17,6 +18,7 @@ from rkv import ConfigError
 from rkv.faults.campaign import CampaignConfig, replay_trial, run_campaign
 from rkv.faults.fatality import layout_for
 from rkv.faults.importance import Sampler, TiltPlan, auto_plan, estimate
+from rkv.faults.importance_shard import ShardPlant
 
 SMALL: dict[str, Any] = {"chunk_tokens": 64, "kv_heads": 1, "head_dim": 64}
 
@@ -93,8 +95,78 @@ def test_mixture_weights_are_unbiased() -> None:
     assert within(anyf.mean, anyf.stderr, m.p_any_error(nbytes, 1.0))
 
 
+def _count_by_enumeration(sp: ShardPlant, flips: np.ndarray) -> int:
+    """N(x) the slow way: every (column, A, B) choice and its bits inside ``flips``."""
+    f = set(flips.tolist())
+
+    def bits(sh: int, col: int | None) -> int:
+        if col is not None:
+            return sum(8 * (sp.off + sh * sp.s + col) + b in f for b in range(8))
+        own = [8 * (sp.off + sh * sp.s) + u for u in range(8 * sp.s)]
+        own += [8 * (sp.off + sp.n * sp.s + sh * sp.ch) + u for u in range(8 * sp.ch)]
+        return sum(b in f for b in own)
+
+    total = 0
+    for c in range(sp.s):
+        for a in itertools.combinations(range(sp.n), sp.a):
+            na = math.prod(bits(sh, c) for sh in a)
+            rest = [sh for sh in range(sp.n) if sh not in a]
+            for b in itertools.combinations(rest, sp.r):
+                total += na * math.prod(bits(sh, None) for sh in b)
+    return total
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_shard_planting_count_is_exact(m: int) -> None:
+    """The planting's N(x) (a generating-function count per column) against enumerating
+    every (column, shard set, extra shard set, bits) choice, on random and planted patterns."""
+    n, s, ch, off = m + 3, 5, 2, 3
+    nbytes = off + n * (s + ch) + 4
+    sp = ShardPlant((off, n, m, s, ch), 0.01, nbytes)
+    rng = np.random.default_rng(m)
+    for i in range(25):
+        flips = np.unique(rng.integers(0, 8 * nbytes, size=int(rng.integers(0, 30))))
+        if i % 3 == 0:
+            flips = np.union1d(flips, sp.plant(rng))
+        assert sp.count(flips) == _count_by_enumeration(sp, flips)
+        if i % 3 == 0:
+            assert sp.count(flips) >= 1
+
+
+@pytest.mark.parametrize("ber", [1e-7, 1e-5])
+def test_shard_mixture_is_unbiased(ber: float) -> None:
+    """The mixture with the shard planting on 10 shards of 2056 bytes (m = 2): P(some column
+    has wrong bytes in two shards or more and three shards or more are damaged, counting the
+    8-byte checksum entries) = P(some column >= 2) - C(n, 2) P(nothing outside a pair)
+    P(some column wrong in both of the pair), exactly (8e-10 at 1e-7, 4e-4 at 1e-5)."""
+    off, n, m, s, ch = 384, 10, 2, 2056, 8
+    nbytes = off + n * (s + ch) + 200
+    plan = TiltPlan(0.25, (1.0,), 0, plant=(16, 116, nbytes - 108), plant_len=100,
+                    plant_share=0.25, shard=(off, n, m, s, ch), shard_share=0.5)
+    sampler = Sampler(faultmodels.get_model(raw_ber(ber)), nbytes, 1.0, plan)
+    rng = np.random.default_rng(4)
+    draws = 2000
+    hit, lw = np.zeros(draws, bool), np.zeros(draws)
+    for i in range(draws):
+        pat, lw[i] = sampler.draw(rng)
+        b = pat.flips // 8 - off
+        b = b[(b >= 0) & (b < n * (s + ch))]
+        in_sh = b < n * s
+        owner = np.where(in_sh, b // s, (b - n * s) // ch)
+        cols = np.unique(np.unique(b[in_sh]) % s, return_counts=True)[1]
+        hit[i] = np.unique(owner).size > m and cols.size > 0 and cols.max() >= 2
+    q = -math.expm1(8 * math.log1p(-ber))
+    some = -math.expm1(s * math.log1p(-binom_tail(n, q, 1)))
+    both = -math.expm1(s * math.log1p(-q * q))
+    exact = some - math.comb(n, 2) * math.exp(8 * (s + ch) * (n - 2) * math.log1p(-ber)) * both
+    e = estimate(hit, lw)
+    assert within(e.mean, e.stderr, exact), (e, exact)
+    assert e.rel_err < 0.05
+
+
 @pytest.mark.parametrize(("protection", "ber"), [("rs(255,239)", 1e-3),
-                                                 ("bch(m=13,t=2)", 4e-5)])
+                                                 ("bch(m=13,t=2)", 4e-5),
+                                                 ("shardrs(k=8,m=2)", 8e-5)])
 def test_tilted_campaign_agrees_with_direct(protection: str, ber: float) -> None:
     """Both through the real engine at P(DUE) ~ 1e-2: the direct count against the weighted
     estimate, two-sided z <= 4 on the difference."""
@@ -121,6 +193,7 @@ def test_tilted_campaign_agrees_with_direct(protection: str, ber: float) -> None
     ("bch(m=13,t=8)", 5e-7),      # ~6e-13
     ("rs(255,223)", 1e-9),        # ~5e-21
     ("rs(255,251)", 1e-12),       # ~1e-25: three bytes in one codeword beat the header
+    ("shardrs(k=8,m=2)", 1e-8),   # ~8e-13: two bytes in one column, a third shard damaged
 ])
 def test_rare_due_matches_analytic(protection: str, ber: float) -> None:
     """500 blocks through the real engine: the weighted P(DUE) has a relative error below 20 %
