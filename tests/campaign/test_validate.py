@@ -22,7 +22,7 @@ def test_z_score() -> None:
 
 
 def test_quick_matrix_agrees(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A subset of presets x codes (about 12 s): every cell within |z| <= 4."""
+    """A subset of presets x codes (12-30 s): every cell within |z| <= 4."""
     out = tmp_path / "v.json"
     rc = main(["validate", "--quick", "--json", str(out), "--quiet"])
     cells = json.loads(out.read_text())
