@@ -128,3 +128,20 @@ def test_a_demotion_rebuilds_the_erasures_in_transit(tmp_path: Path) -> None:
     assert got.ok and np.array_equal(got.kv, kv)
     assert got.blocks[1].tier != "dram" and got.blocks[1].status == "ok"
     e.close()
+
+
+def test_campaign_compares_like_for_like() -> None:
+    """The same faults: raw storage gets a failed read (DUE) for a poisoned line and wrong KV
+    for a link error that escaped the CRC; rkv decodes the lines as erasures, corrects the
+    link errors and recovers most blocks, never returning wrong data."""
+    from rkv.faults.campaign import CampaignConfig, run_campaign
+    from rkv.faults.validate import VARIANTS
+
+    common = {"fault_model": VARIANTS["cxl words+rows"], "hours": 24.0, "trials": 6,
+              "blocks": 10, "chunk_tokens": 64, "kv_heads": 1, "head_dim": 64,
+              "sampling": "conditional", "tier": "cxl"}
+    rkv = run_campaign(CampaignConfig(protection="rs(255,239,interleave=8)", **common))
+    raw = run_campaign(CampaignConfig(protection="raw", **common))
+    assert raw.counts["due"] + raw.counts["sdc"] == raw.blocks
+    assert raw.counts["due"] > 0 and raw.counts["sdc"] > 0
+    assert rkv.counts["corrected"] >= rkv.blocks // 3 and rkv.counts["sdc"] == 0
