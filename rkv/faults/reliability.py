@@ -180,7 +180,9 @@ def _shard_fail(g: _Geometry, p_bit: float) -> float:
     q_check = -math.expm1(8 * g.check_bytes * math.log1p(-p_bit))
     checks = math.exp(_log_binom_tail(nsh, q_check, m))
     # Either way loses the block; the two are nearly independent (columns vs. the table).
-    return 1.0 - (1.0 - min(1.0, col_fail * others)) * (1.0 - checks)
+    # a + b - ab, not 1 - (1 - a)(1 - b), which loses everything below 1e-16.
+    a = min(1.0, col_fail * others)
+    return a + checks - a * checks
 
 
 def _events(model: Any, nbytes: int, hours: float) -> list[Any]:

@@ -141,6 +141,20 @@ def test_analytic_agrees_with_exact_arithmetic() -> None:
     assert rs.p_sdc < 1e-30
 
 
+def test_shard_due_keeps_its_digits_far_below_1e_16() -> None:
+    """A shard RS loss needs m + 1 = 3 bad shards, so P(DUE) scales as BER^3: each decade of
+    BER is three decades of P(DUE), also where 1 - (1 - a)(1 - b) would round to 0."""
+    import faultmodels
+
+    def due(ber: float) -> float:
+        model = faultmodels.get_model({"model": "raw-ber", "ber": ber})
+        return predict("shardrs(k=8,m=2)", 16384, model, 1.0).p_due
+
+    for hi, lo in ((1e-8, 1e-9), (1e-9, 1e-10), (1e-10, 1e-12)):
+        ratio = due(hi) / due(lo)
+        assert ratio == pytest.approx((hi / lo) ** 3, rel=0.01), (hi, lo, ratio)
+
+
 def test_wilson_interval() -> None:
     lo, hi = wilson(0, 100)
     assert lo == 0 and 0.03 < hi < 0.04
