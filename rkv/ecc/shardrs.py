@@ -23,10 +23,10 @@ from ``K`` intact ones (a shard is trusted when its checksum matches: the chance
 corrupted shard matches is ``2^-64`` with xxh3, ``2^-32`` with crc32c); with fewer than ``M``
 erasures the spare intact shards must agree with the rebuilt codeword. With more than ``M``
 failing shards (or if that cross-check fails) every column is decoded on its own, correcting
-up to ``floor(M/2)`` bad bytes per column (``e`` errors next to ``f`` shards the medium
-reported unreadable, passed as ``erasures``, when ``2e + f <= M``), and at least ``K``
-shards must then pass their checksums: ``K`` trusted shards fix every column (the code is
-MDS), so a shard that still fails has a damaged checksum entry, not damaged data, and a
+up to ``floor(M/2)`` bad bytes per column (``e`` errors next to ``f`` bytes of the column
+the medium reported unreadable, passed as ``erasures``, when ``2e + f <= M``), and at least
+``K`` shards must then pass their checksums: ``K`` trusted shards fix every column (the code
+is MDS), so a shard that still fails has a damaged checksum entry, not damaged data, and a
 flipped bit in the checksum table never turns a correctable block into a loss.
 """
 
@@ -226,8 +226,8 @@ class ShardRSCodec(Codec):
             if self._digest(shards[j * s : (j + 1) * s]) != sums[j * cs : (j + 1) * cs].tobytes()
         ]
         lost = set(failed)
-        erased = np.unique(eras[eras < nsh * s] // s)
-        lost.update(int(x) for x in erased)
+        in_shards = eras[eras < nsh * s]
+        lost.update(int(x) for x in np.unique(in_shards // s))
         if not lost:
             size = self._length(shards, s)
             if size is None:  # pragma: no cover - needs a checksum collision
@@ -245,7 +245,7 @@ class ShardRSCodec(Codec):
                         self._assemble(shards, s, repl, size), CORRECTED, n_fixed,
                         f"{len(lost)} shard(s) rebuilt",
                     )
-        res = self._correct_columns(rows, s, sums, erased)
+        res = self._correct_columns(rows, s, sums, in_shards)
         if res is None:
             return uncorrectable(
                 f"{len(lost)} shard(s) failed their checksum and column decoding failed"
@@ -304,9 +304,9 @@ class ShardRSCodec(Codec):
 
     def _correct_columns(self, rows: U64, s: int, sums: U8, erased: np.ndarray
                          ) -> tuple[U8, int] | None:
-        """Decode every column on its own, the shards the medium reported (``erased``) as
-        erasures: a column with ``e`` unknown errors is fixed when ``2e + len(erased) <= m``.
-        The result must pass enough checksums (below)."""
+        """Decode every column on its own, the bytes the medium reported (``erased``, offsets
+        into the shards) as erasures: a column with ``f`` erased and ``e`` other bad bytes is
+        fixed when ``2e + f <= m``. The result must pass enough checksums (below)."""
         k, m = self._k, self._m
         nsh = k + m
         synd = np.empty((m, rows.shape[1]), dtype=np.uint64)
@@ -318,22 +318,29 @@ class ShardRSCodec(Codec):
         fixed = rows.view(np.uint8).reshape(-1).copy()
         total = 0
         if cols.size:
+            # Columns grouped by which shards are erased in them (a few contiguous ranges
+            # make a few groups); each group is decoded with its own erasure positions.
+            mask = np.zeros((nsh, s), dtype=bool)
+            mask[erased // s, erased % s] = True
+            sig = np.packbits(mask[:, cols], axis=0).T        # one row of bits per column
+            groups, inverse = np.unique(sig, axis=0, return_inverse=True)
             f = gf256()
-            out_pos = np.zeros((cols.size, m + 2), dtype=np.int64)
-            out_mag = np.zeros((cols.size, m + 2), dtype=np.int64)
-            out_cnt = np.zeros(cols.size, dtype=np.int64)
-            if erased.size > m:
-                return None
-            _gfcore.rs_decode_columns(
-                sb, cols, nsh, np.ascontiguousarray(erased, dtype=np.int64), f.exp, f.log,
-                f.qsol, out_pos, out_mag, out_cnt,
-            )
-            if (out_cnt < 0).any():
-                return None
-            sel = np.arange(out_pos.shape[1])[None, :] < out_cnt[:, None]
-            cc = np.broadcast_to(cols[:, None], sel.shape)[sel]
-            fixed[out_pos[sel] * s + cc] ^= out_mag[sel].astype(np.uint8)
-            total = int(out_cnt.sum())
+            for g in range(groups.shape[0]):
+                gc = cols[inverse.reshape(-1) == g]
+                epos = np.flatnonzero(mask[:, gc[0]]).astype(np.int64)
+                if epos.size > m:
+                    return None
+                out_pos = np.zeros((gc.size, m + 2), dtype=np.int64)
+                out_mag = np.zeros((gc.size, m + 2), dtype=np.int64)
+                out_cnt = np.zeros(gc.size, dtype=np.int64)
+                _gfcore.rs_decode_columns(sb, gc, nsh, epos, f.exp, f.log, f.qsol, out_pos,
+                                          out_mag, out_cnt)
+                if (out_cnt < 0).any():
+                    return None
+                sel = np.arange(out_pos.shape[1])[None, :] < out_cnt[:, None]
+                cc = np.broadcast_to(gc[:, None], sel.shape)[sel]
+                fixed[out_pos[sel] * s + cc] ^= out_mag[sel].astype(np.uint8)
+                total += int(out_cnt.sum())
         # Every column is now a codeword. If at least k shards pass their checksums, those k
         # trusted shards determine every column (the code is MDS: two codewords differ in at
         # least m + 1 places), so the other shards' bytes are right too and only their

@@ -16,9 +16,9 @@ record layout (preludes, three header copies, the payload's decoding units):
   and the shortened last group included); ``bch``: ``e`` wrong and ``f`` erased bits in a chunk
   with its ecc beyond what the better of the two erasure fills leaves correctable (exact
   when ``2e + f <= 2t``, by a binomial over the erased bits' values otherwise); shard RS: more
-  than ``m`` damaged shards or checksum entries, and then more than ``m`` damaged entries, more
-  than ``m`` shards the medium reported, or a column with ``2e + f > m`` (``f`` reported
-  shards, ``e`` wrong bytes in the others) (:mod:`rkv.ecc.shardrs`).
+  than ``m`` damaged shards or checksum entries, and then more than ``m`` damaged entries or a
+  column with ``2e + f > m`` (``f`` of its bytes reported by the medium, ``e`` other wrong
+  bytes) (:mod:`rkv.ecc.shardrs`).
 
 A read checks the end-to-end checksum on the systematic data first, so damage that leaves the
 data bytes intact (parity, checksum table, one header copy) is never fatal.
@@ -206,13 +206,16 @@ def is_fatal(lay: Layout, pattern: Any) -> float:
         return 0.0
     if entries.size > m:
         return 1.0
-    # Column decoding: the shards the medium reported are erasures in every column.
-    gone = np.unique(oe[oe < nsh * s] // s)
-    if gone.size > m:
-        return 1.0
-    unknown = ou[(ou < nsh * s) & ~np.isin(ou // s, gone)]
-    worst = int(np.bincount(unknown % s).max()) if unknown.size else 0
-    return float(2 * worst + gone.size > m)
+    # Column decoding: in each column, the bytes the medium reported are erasures (f), the
+    # other bad bytes errors (e); the column is fixed when 2e + f <= m.
+    cost = np.zeros(s, dtype=np.int64)
+    ue = ou[ou < nsh * s]
+    ee = oe[oe < nsh * s]
+    if ue.size:
+        cost += 2 * np.bincount(ue % s, minlength=s)
+    if ee.size:
+        cost += np.bincount(ee % s, minlength=s)
+    return float(cost.max() > m)
 
 
 _CACHE: dict[tuple[str, str, int, float, int], list[float]] = {}

@@ -94,7 +94,7 @@ def test_shardrs_columns_with_erased_shards(seed: int, m: int, draw: st.DataObje
         cols = rng.integers(0, s, hit.size)
         for i, j in enumerate(hit):
             enc[j * s + cols[i // e]] ^= 0x5A     # at most e bad bytes in any column
-    res = c.decode(enc, erasures=[int(j * s) for j in gone])
+    res = c.decode(enc, erasures=[int(j * s + i) for j in gone for i in range(s)])
     assert res.ok and res.data == data
 
 
@@ -110,5 +110,25 @@ def test_shardrs_erasures_beat_errors_only() -> None:
     for j, col in ((2, 5), (3, 7), (4, 9)):
         enc[j * s + col] ^= 0xFF
     assert not c.decode(enc).ok
-    res = c.decode(enc, erasures=[0, s])
+    res = c.decode(enc, erasures=range(2 * s))
     assert res.ok and res.data == data
+
+
+def test_shardrs_partly_erased_shards_count_per_column() -> None:
+    """Three shards (> m = 2) lose a range each, at columns that do not overlap: every column
+    has at most one erasure, so the block is rebuilt (as a lost 4 KiB sector in each of three
+    large shards is)."""
+    c = get_codec("shardrs(k=8,m=2)")
+    rng = np.random.default_rng(2)
+    data = rand_bytes(rng, 120_000)
+    enc = np.frombuffer(c.encode(data), np.uint8).copy()
+    s = c.shard_size(len(data))
+    eras = []
+    for j, lo in ((1, 0), (4, 3000), (6, 9000)):
+        enc[j * s + lo:j * s + lo + 2000] = 0
+        eras += range(j * s + lo, j * s + lo + 2000)
+    res = c.decode(enc, erasures=eras)
+    assert res.ok and res.data == data
+    enc[6 * s + 1000] ^= 1                   # column 1000: shard 1 erased, two bad bytes
+    enc[4 * s + 1000] ^= 1                   # elsewhere: 2e + f = 5 > m
+    assert not c.decode(enc, erasures=eras).ok
