@@ -320,7 +320,9 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
     * A clustered class (sector, row, poison, ...) whose single event is fatal less than half
       of the time (``rkv.faults.fatality.class_fatality``): its count tilted to one event per
       record on average, so that combinations of events are drawn; classes that are fatal on
-      their own are left to the conditional half of the mixture.
+      their own are left to the conditional half of the mixture. When some class is fatal
+      alone sometimes, classes never fatal alone are not tilted (they would only add
+      second-order combinations and weight variance).
     * Shares: ``alpha = 0.5`` with one other part (tilt, header planting, shard planting),
       ``0.25`` with two or more; the rest split evenly.
     * Nothing to tilt (``none``, ``raw``, or every class fatal on its own): ``alpha = 1``,
@@ -380,9 +382,13 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
     judged = class_fatality(model, protection, data_bytes, hours)
     if len(judged) != len(idx) or lay.record != nbytes:
         idx, judged = [], []
+    # Classes that are sometimes fatal alone are the route to a loss; classes never fatal
+    # alone matter only in combination, so they are tilted only when no class is.
+    single = any(0.0 < f < 0.5 and classes[i].law is not None
+                 for i, (_, _, f) in zip(idx, judged, strict=True))
     for i, (_, _, f) in zip(idx, judged, strict=True):
         c = classes[i]
-        if c.law is None or f >= 0.5:
+        if c.law is None or f >= 0.5 or (single and f == 0.0):
             continue
         mean = c.mu if c.law == "poisson" else c.units * c.p
         if 0.0 < mean < 1.0:
