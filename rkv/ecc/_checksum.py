@@ -11,6 +11,7 @@ from rkv.ecc.base import (
     BytesLike,
     Codec,
     DecodeResult,
+    Units,
     as_u8,
     check_keys,
     clean,
@@ -58,6 +59,11 @@ class DigestCodec(Codec):
     def systematic_data(self, buf: BytesLike) -> U8:
         b = as_u8(buf)
         return b[: self.data_size(b.shape[0])]
+
+    def units(self, data_bytes: int) -> Units:
+        """One check over the data; a wrong block passes with P = 2^-(8 digest_size)."""
+        return Units("detect", 1, data_bytes, 0, 8, data_bytes,
+                     miss=2.0 ** -(8 * self.digest_size))
 
     def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
         b = as_u8(buf)

@@ -16,6 +16,7 @@ caller's end-to-end checksum over the data catches what remains.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import numpy.typing as npt
 
 from rkv.buffers import as_u8 as as_u8  # re-exported for the kernels
 from rkv.buffers import readonly as readonly
-from rkv.errors import InputError, UncorrectableError
+from rkv.errors import ConfigError, InputError, UncorrectableError
 from rkv.specs import Configured
 from rkv.specs import check_keys as check_keys  # re-exported for the implementations
 from rkv.specs import choice_param as choice_param
@@ -80,6 +81,42 @@ def normalize_erasures(erasures: Iterable[int] | None, size: int) -> npt.NDArray
     if arr.size and (arr[0] < 0 or arr[-1] >= size):
         raise InputError(f"erasure offsets must lie in [0, {size}), got {arr[0]}..{arr[-1]}")
     return arr
+
+
+@dataclass(frozen=True)
+class Units:
+    """How a code decodes ``data_bytes`` of data: what the analytic reliability model
+    (:mod:`rkv.faults.reliability`) needs, described by each codec so a new code plugs into
+    predictions without a switch on codec ids.
+
+    ``kind`` names the decoding family the model knows: ``"detect"`` (a check, no
+    correction), ``"rs"`` (byte-symbol codewords correcting ``t`` each, interleaved),
+    ``"bch"`` (bit-symbol chunks), ``"shard"`` (erasure coding across shards with per-shard
+    checksums), ``"raw"`` (nothing at all). ``miss``: P(a failing unit goes undetected by the
+    code alone)."""
+
+    kind: str
+    units: int                 # independent decoding units
+    unit_symbols: int          # symbols per unit (codeword length incl. parity)
+    t: int                     # symbols corrected per unit (shard: parity shards)
+    symbol_bits: int
+    group: int                 # data bytes one unit spans before the layout repeats
+    interleave: int = 1
+    shard_bytes: int = 0
+    check_bytes: int = 0       # shard codes: bytes of each shard's checksum entry
+    miss: float = 1.0
+    last_symbols: int = 0      # length of the shortened last unit(s) (0: all units full)
+    short_units: int = 0       # how many units are shortened to ``last_symbols`` (at most)
+
+
+def log_ball(n: int, t: int, q_minus_1: int) -> float:
+    """log of the number of words within Hamming distance t (sum C(n,i) (q-1)^i): with the
+    redundancy, a bounded-distance decoder's miscorrection probability for random words."""
+    log_q1 = math.log(q_minus_1)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_q1
+             for i in range(t + 1)]
+    top = max(terms)
+    return top + math.log(sum(math.exp(x - top) for x in terms))
 
 
 class Codec(Configured, ABC):
@@ -163,6 +200,10 @@ class Codec(Configured, ABC):
     def overhead(self) -> float:
         """Asymptotic encoded/data size ratio for large data (see :meth:`encoded_size`)."""
         return 1.0
+
+    def units(self, data_bytes: int) -> Units:
+        """The decoding units over ``data_bytes`` of data, for the reliability model."""
+        raise ConfigError(f"no reliability model for codec {self.spec}")
 
     @property
     def corrects(self) -> bool:

@@ -25,6 +25,7 @@ exactly (``n_corrected`` counts bits); more are reported uncorrectable or, rarel
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -38,10 +39,12 @@ from rkv.ecc.base import (
     BytesLike,
     Codec,
     DecodeResult,
+    Units,
     as_u8,
     check_keys,
     clean,
     int_param,
+    log_ball,
     normalize_erasures,
     uncorrectable,
 )
@@ -171,6 +174,17 @@ class BCHCodec(Codec):
     @property
     def overhead(self) -> float:
         return (self._cb + self._eb) / self._cb
+
+    def units(self, data_bytes: int) -> Units:
+        """Chunks of ``8 chunk_bytes + m t`` bits correcting t bits each; a random word is
+        miscorrected with P = V(n, t) / 2^(m t)."""
+        m, t, chunk = self._m, self._t, self._cb
+        nbits = chunk * 8 + m * t
+        miss = math.exp(log_ball(nbits, t, 1) - m * t * math.log(2))
+        rem = data_bytes % chunk
+        return Units("bch", max(1, -(-data_bytes // chunk)), nbits, t, 1, chunk,
+                     miss=min(1.0, miss), last_symbols=rem * 8 + m * t if rem else 0,
+                     short_units=1 if rem else 0)
 
     # ---------------------------------------------------------------- layout
     def encoded_size(self, n: int) -> int:

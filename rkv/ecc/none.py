@@ -10,6 +10,7 @@ from rkv.ecc.base import (
     BytesLike,
     Codec,
     DecodeResult,
+    Units,
     as_u8,
     check_keys,
     clean,
@@ -48,3 +49,7 @@ class NoneCodec(Codec):
 
     def systematic_data(self, buf: BytesLike) -> U8:
         return as_u8(buf)
+
+    def units(self, data_bytes: int) -> Units:
+        """No check of its own (rkv's end-to-end checksum is all there is)."""
+        return Units("detect", 1, data_bytes, 0, 8, data_bytes)

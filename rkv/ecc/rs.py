@@ -25,6 +25,7 @@ small probability, miscorrected into another codeword (caught by the caller's ch
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,10 +40,12 @@ from rkv.ecc.base import (
     BytesLike,
     Codec,
     DecodeResult,
+    Units,
     as_u8,
     check_keys,
     clean,
     int_param,
+    log_ball,
     normalize_erasures,
     readonly,
     uncorrectable,
@@ -106,6 +109,20 @@ class RSCodec(Codec):
     @property
     def overhead(self) -> float:
         return self._n / self._k
+
+    def units(self, data_bytes: int) -> Units:
+        """Codewords of n bytes correcting t = (n - k) // 2 (2e + f <= n - k with erasures),
+        laid out as the encoder does: full groups of ``interleave`` codewords, then a short
+        group whose codewords share the remaining bytes (each counted at the longest of them,
+        pessimistic by under one byte). A bounded-distance decoder miscorrects a random word
+        with P = V(n, t) / 256^(n-k)."""
+        n, k, inter = self._n, self._k, self._i
+        t = (n - k) // 2
+        miss = math.exp(log_ball(n, t, 255) - 8 * (n - k) * math.log(2))
+        g, r, c = self._groups(data_bytes)
+        last = -(-r // inter) + (n - k) if c else 0
+        return Units("rs", max(1, g * inter + c), n, t, 8, k * inter, inter,
+                     miss=min(1.0, miss), last_symbols=last, short_units=c)
 
     @property
     def burst(self) -> int:

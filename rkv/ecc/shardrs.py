@@ -47,6 +47,7 @@ from rkv.ecc.base import (
     BytesLike,
     Codec,
     DecodeResult,
+    Units,
     as_u8,
     check_keys,
     choice_param,
@@ -142,6 +143,13 @@ class ShardRSCodec(Codec):
     @property
     def overhead(self) -> float:
         return (self._k + self._m) / self._k
+
+    def units(self, data_bytes: int) -> Units:
+        """One unit of k + m shards of ``shard_size`` bytes, each with a checksum entry: m
+        lost shards are rebuilt, and columns are decoded on their own beyond that."""
+        return Units("shard", 1, self._k + self._m, self._m, 8 * self.shard_size(data_bytes),
+                     data_bytes, shard_bytes=self.shard_size(data_bytes),
+                     check_bytes=self._csize, miss=2.0 ** -(8 * self._csize))
 
     # ---------------------------------------------------------------- layout
     def shard_size(self, n: int) -> int:

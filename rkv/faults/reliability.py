@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from rkv.blockcodec import codec_for
-from rkv.ecc.shardrs import ShardRSCodec
+from rkv.ecc.base import Units
 from rkv.errors import ConfigError
 
 #: Collision probability of the end-to-end checksum (xxh3_128) for a wrong block.
@@ -64,19 +64,7 @@ class Prediction:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class _Geometry:
-    kind: str            # detect | rs | bch | shard | raw
-    units: int           # independent decoding units
-    unit_symbols: int    # symbols per unit (codeword length incl. parity)
-    t: int               # symbols corrected per unit
-    symbol_bits: int
-    group: int           # data bytes one unit spans before the layout repeats (k * I)
-    interleave: int
-    shard_bytes: int = 0
-    check_bytes: int = 0   # shard RS: bytes of each shard's checksum entry
-    miss: float = 1.0    # P(a failing unit goes undetected by the code alone)
-    last_symbols: int = 0  # length of a shortened last unit (0: all units full)
+_Geometry = Units
 
 
 def _log1m(x: float) -> float:
@@ -105,59 +93,15 @@ def _log_unit_ok(symbols: int, q: float, t: int) -> float:
     return _log1m(fail)
 
 
-def geometry(protection: str, data_bytes: int) -> _Geometry:
-    """The decoding units of ``protection`` over ``data_bytes`` (parsed once, here)."""
+def geometry(protection: str, data_bytes: int) -> Units:
+    """The decoding units of ``protection`` over ``data_bytes``: the codec describes them
+    (:meth:`rkv.ecc.base.Codec.units`); ``raw`` and ``none`` have no code of their own."""
     if protection == RAW:
-        return _Geometry("raw", 1, data_bytes, 0, 8, data_bytes, 1)
+        return Units("raw", 1, data_bytes, 0, 8, data_bytes)
     codec = codec_for(protection)
-    if codec is None or codec.codec_id in ("xxh3", "crc32c", "none"):
-        miss = {"xxh3": 2.0 ** -64, "crc32c": 2.0 ** -32}.get(
-            codec.codec_id if codec else "none", 1.0)
-        return _Geometry("detect", 1, data_bytes, 0, 8, data_bytes, 1, miss=miss)
-    cfg = codec.get_config()
-    if codec.codec_id == "rs":
-        n, k, inter = int(cfg["n"]), int(cfg["k"]), int(cfg.get("interleave", 1))
-        units = max(1, -(-data_bytes // k))
-        t = (n - k) // 2
-        miss = math.exp(_log_ball(n, t, 255) - 8 * (n - k) * math.log(2))
-        # Without interleaving the last codeword is shortened to the remaining bytes; with it
-        # the last group's codewords are shorter too (counted as full: slightly pessimistic).
-        rem = data_bytes % k if inter == 1 else 0
-        return _Geometry("rs", units, n, t, 8, k * inter, inter, miss=min(1.0, miss),
-                         last_symbols=rem + (n - k) if rem else 0)
-    if codec.codec_id == "bch":
-        m, t = int(cfg["m"]), int(cfg["t"])
-        chunk = int(cfg.get("chunk_bytes") or bch_chunk(codec))
-        units = max(1, -(-data_bytes // chunk))
-        nbits = chunk * 8 + m * t
-        miss = math.exp(_log_ball(nbits, t, 1) - m * t * math.log(2))
-        rem = data_bytes % chunk
-        return _Geometry("bch", units, nbits, t, 1, chunk, 1, miss=min(1.0, miss),
-                         last_symbols=rem * 8 + m * t if rem else 0)
-    if isinstance(codec, ShardRSCodec):
-        k, m = int(cfg["k"]), int(cfg["m"])
-        shard = int(codec.shard_size(data_bytes))
-        check = 8 if str(cfg.get("checksum", "xxh3")) == "xxh3" else 4
-        return _Geometry("shard", 1, k + m, m, 8 * shard, data_bytes, 1, shard_bytes=shard,
-                         check_bytes=check, miss=2.0 ** -(8 * check))
-    raise ConfigError(f"no reliability model for codec {codec.spec}")
-
-
-def bch_chunk(codec: Any) -> int:
-    for name in ("chunk_bytes", "chunk"):
-        v = getattr(codec, name, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    raise ConfigError(f"cannot tell the chunk size of {codec.spec}")
-
-
-def _log_ball(n: int, t: int, q_minus_1: int) -> float:
-    """log of the number of words within Hamming distance t (sum C(n,i) (q-1)^i)."""
-    log_q1 = math.log(q_minus_1)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_q1
-             for i in range(t + 1)]
-    top = max(terms)
-    return top + math.log(sum(math.exp(x - top) for x in terms))
+    if codec is None:
+        return Units("detect", 1, data_bytes, 0, 8, data_bytes)
+    return codec.units(data_bytes)
 
 
 def _shard_fail(g: _Geometry, p_bit: float) -> float:
@@ -249,10 +193,10 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
             elif g.kind == "shard":
                 log_ok += _log1m(_shard_fail(g, p_bit))
             else:
-                full = g.units - (1 if g.last_symbols else 0)
+                full = g.units - g.short_units
                 log_ok += full * _log_unit_ok(g.unit_symbols, q, g.t)
-                if g.last_symbols:
-                    log_ok += _log_unit_ok(g.last_symbols, q, g.t)
+                if g.short_units:
+                    log_ok += g.short_units * _log_unit_ok(g.last_symbols, q, g.t)
             if header_copy:
                 # The header is lost only if no copy is intact and some bit position is
                 # wrong in two copies or more (the bitwise majority vote then fails).

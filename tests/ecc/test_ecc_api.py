@@ -263,3 +263,29 @@ def test_bad_erasure_offsets(spec: str) -> None:
 def test_codec_is_a_codec() -> None:
     for spec in ALL_SPECS:
         assert isinstance(get_codec(spec), Codec)
+
+
+@pytest.mark.parametrize("spec", ["rs(255,239)", "rs(255,223,interleave=8)", "rs(64,48)",
+                                  "bch(m=13,t=8)", "bch(m=14,t=40)", "shardrs(k=16,m=2)",
+                                  "shardrs(k=8,m=2,checksum=crc32c)", "xxh3", "crc32c",
+                                  "none"])
+@pytest.mark.parametrize("size", [1, 239, 4096, 196608, 196609])
+def test_units_match_the_encoded_layout(spec: str, size: int) -> None:
+    """What a codec tells the reliability model about its units agrees with what its encoder
+    writes: parity bytes per unit times units is the encoding's overhead."""
+    c = get_codec(spec)
+    u = c.units(size)
+    extra = c.encoded_size(size) - size
+    if u.kind == "rs":
+        assert extra == u.units * (u.unit_symbols - (c.k or 0))
+        assert u.group == (c.k or 0) * u.interleave
+    elif u.kind == "bch":
+        assert extra == u.units * c.ecc_bytes            # type: ignore[attr-defined]
+        assert u.unit_symbols == 8 * u.group + c.m * c.t  # type: ignore[attr-defined]
+    elif u.kind == "shard":
+        assert u.units == 1 and extra == (u.unit_symbols * (u.shard_bytes + u.check_bytes)
+                                          - size)
+    else:
+        assert u.kind == "detect" and u.t == 0 and extra in (0, 4, 8)
+        assert u.miss == (2.0 ** -(8 * extra) if extra else 1.0)
+    assert 0.0 < u.miss <= 1.0 and u.units * u.group >= size
