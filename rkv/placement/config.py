@@ -1,0 +1,261 @@
+"""Placement targets (:class:`PlacementConfig`) and the planner's inputs per block and tier.
+
+``PlacementConfig`` loads from a dict or TOML (a top-level table or a ``[placement]`` table)
+and validates every key with a :class:`ConfigError` that names it. Units: probabilities per
+block over its expected residency, KL in nats per request (additive over blocks), costs in
+microseconds (``capacity_cost`` is microseconds-equivalent per GiB stored in that tier).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rkv.errors import ConfigError
+
+BITS_ALLOWED = (16, 8, 4, 2)
+DEFAULT_CODES = (
+    "none",
+    "rs(255,247)",
+    "rs(255,239)",
+    "rs(255,223)",
+    "rs(255,239,interleave=8)",
+    "bch(m=13,t=8)",
+    "shardrs(k=16,m=2)",
+)
+KINDS = ("k", "v", "kv")
+DEFAULT_RECOMPUTE_US_PER_TOKEN = 100.0
+_KEYS = ("max_p_sdc", "max_p_due", "quality_budget_kl", "recompute_us_per_token",
+         "recompute_us_per_chunk", "bits", "codes", "capacity_cost", "lossy_demotion")
+
+
+def _prob(d: Mapping[str, Any], key: str, default: float) -> float:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= float(v) <= 1.0:
+        raise ConfigError(f"placement: {key} must be a probability in [0, 1], got {v!r}")
+    return float(v)
+
+
+def _nonneg(d: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    v = d.get(key, default)
+    if v is None:
+        return None
+    if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v))
+            or float(v) < 0):
+        raise ConfigError(f"placement: {key} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Targets and candidates of a placement.
+
+    ``max_p_sdc`` / ``max_p_due``: per block over its expected residency (options above
+    them are never chosen). ``quality_budget_kl``: total KL of the next-token distribution per
+    request, summed over the blocks of a put. Recompute cost of one chunk: either
+    ``recompute_us_per_token`` x its tokens or a flat ``recompute_us_per_chunk`` (set at most
+    one; neither means 100 us per token).
+    ``bits`` a subset of {16, 8, 4, 2}; ``codes`` codec specs (``"none"`` = the end-to-end
+    checksum alone). ``capacity_cost``: per tier name, microseconds-equivalent per GiB stored
+    (tiers not named cost 0). ``lossy_demotion``: whether a later demotion may re-quantize a
+    block (recorded for the demotion re-planner; the put planner does not use it).
+    """
+
+    max_p_sdc: float = 1e-15
+    max_p_due: float = 1e-5
+    quality_budget_kl: float = 0.05
+    recompute_us_per_token: float | None = None
+    recompute_us_per_chunk: float | None = None
+    bits: tuple[int, ...] = (16, 8, 4)
+    codes: tuple[str, ...] = DEFAULT_CODES
+    capacity_cost: Mapping[str, float] = field(default_factory=dict)
+    lossy_demotion: bool = False
+
+    def __post_init__(self) -> None:
+        # Re-validate through from_dict's rules so direct construction is checked too.
+        self._validate()
+
+    def _validate(self) -> None:
+        _prob({"max_p_sdc": self.max_p_sdc}, "max_p_sdc", 0.0)
+        _prob({"max_p_due": self.max_p_due}, "max_p_due", 0.0)
+        _nonneg({"quality_budget_kl": self.quality_budget_kl}, "quality_budget_kl", 0.0)
+        tok, chunk = self.recompute_us_per_token, self.recompute_us_per_chunk
+        if tok is not None and chunk is not None:
+            raise ConfigError("placement: set one of recompute_us_per_token and "
+                              "recompute_us_per_chunk, not both")
+        for key, v in (("recompute_us_per_token", tok), ("recompute_us_per_chunk", chunk)):
+            _nonneg({key: v}, key, None)
+        if not self.bits or any(isinstance(b, bool) or b not in BITS_ALLOWED
+                                for b in self.bits) or len(set(self.bits)) != len(self.bits):
+            raise ConfigError(f"placement: bits must be distinct values from {{16, 8, 4, 2}}, "
+                              f"got {list(self.bits)!r}")
+        if not self.codes or len(set(self.codes)) != len(self.codes):
+            raise ConfigError(f"placement: codes must be a non-empty list of distinct codec "
+                              f"specs, got {list(self.codes)!r}")
+        from rkv.blockcodec import codec_for
+
+        for spec in self.codes:
+            if not isinstance(spec, str):
+                raise ConfigError(f"placement: codes entries must be strings, got {spec!r}")
+            try:
+                codec_for(spec)
+            except ConfigError as exc:
+                raise ConfigError(f"placement: codes entry {spec!r} is not a codec: "
+                                  f"{exc}") from exc
+        if not isinstance(self.capacity_cost, Mapping):
+            raise ConfigError("placement: capacity_cost must be a table of tier = cost per GiB")
+        for name, v in self.capacity_cost.items():
+            _nonneg({f"capacity_cost.{name}": v}, f"capacity_cost.{name}", None)
+        if not isinstance(self.lossy_demotion, bool):
+            raise ConfigError(f"placement: lossy_demotion must be true or false, "
+                              f"got {self.lossy_demotion!r}")
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PlacementConfig:
+        """Build from a dict; unknown keys and bad values raise :class:`ConfigError`."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"placement: expected a table, got {type(d).__name__}")
+        if "placement" in d and isinstance(d["placement"], Mapping):
+            d = d["placement"]
+        unknown = sorted(set(d) - set(_KEYS))
+        if unknown:
+            raise ConfigError(f"placement: unknown key {unknown[0]!r} (known: "
+                              f"{', '.join(_KEYS)})")
+        kw: dict[str, Any] = {}
+        for key in ("max_p_sdc", "max_p_due"):
+            if key in d:
+                kw[key] = _prob(d, key, 0.0)
+        if "quality_budget_kl" in d:
+            kw["quality_budget_kl"] = _nonneg(d, "quality_budget_kl", None)
+        if "recompute_us_per_chunk" in d:
+            kw["recompute_us_per_chunk"] = _nonneg(d, "recompute_us_per_chunk", None)
+        if "recompute_us_per_token" in d:
+            kw["recompute_us_per_token"] = _nonneg(d, "recompute_us_per_token", None)
+        for key in ("bits", "codes"):
+            if key in d:
+                v = d[key]
+                if isinstance(v, str) or not isinstance(v, Sequence):
+                    raise ConfigError(f"placement: {key} must be a list, got {v!r}")
+                kw[key] = tuple(v)
+        if "capacity_cost" in d:
+            cc = d["capacity_cost"]
+            if not isinstance(cc, Mapping):
+                raise ConfigError(f"placement: capacity_cost must be a table of tier = cost "
+                                  f"per GiB, got {cc!r}")
+            kw["capacity_cost"] = {str(k): _nonneg(cc, k, None) for k in cc}
+        if "lossy_demotion" in d:
+            kw["lossy_demotion"] = d["lossy_demotion"]
+        return cls(**kw)
+
+    @classmethod
+    def from_toml(cls, text: str) -> PlacementConfig:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"placement: invalid TOML: {exc}") from exc
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PlacementConfig:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"placement: cannot read {path}: {exc}") from exc
+        return cls.from_toml(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "max_p_sdc": self.max_p_sdc, "max_p_due": self.max_p_due,
+            "quality_budget_kl": self.quality_budget_kl,
+            "bits": list(self.bits), "codes": list(self.codes),
+            "capacity_cost": dict(self.capacity_cost), "lossy_demotion": self.lossy_demotion,
+        }
+        if self.recompute_us_per_chunk is not None:
+            d["recompute_us_per_chunk"] = self.recompute_us_per_chunk
+        else:
+            d["recompute_us_per_token"] = self.us_per_token
+        return d
+
+    @property
+    def us_per_token(self) -> float:
+        """The per-token recompute cost in effect (the default when neither key is set)."""
+        if self.recompute_us_per_token is None:
+            return DEFAULT_RECOMPUTE_US_PER_TOKEN
+        return self.recompute_us_per_token
+
+    def recompute_us(self, tokens: int) -> float:
+        """Recompute cost of one chunk of ``tokens`` tokens."""
+        if self.recompute_us_per_chunk is not None:
+            return self.recompute_us_per_chunk
+        return self.us_per_token * tokens
+
+
+@dataclass(frozen=True)
+class TierInput:
+    """A tier as the planner sees it: its fault model (a ``faultmodels`` model, a preset
+    name or a ``get_model`` dict), free capacity, read bandwidth and latency."""
+
+    name: str
+    fault_model: Any
+    free_bytes: int
+    read_gbps: float
+    latency_us: float
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("tier: name must be non-empty")
+        if isinstance(self.free_bytes, bool) or not isinstance(self.free_bytes, int) \
+                or self.free_bytes < 0:
+            raise ConfigError(f"tier {self.name}: free_bytes must be an integer >= 0, "
+                              f"got {self.free_bytes!r}")
+        if not self.read_gbps > 0 or not math.isfinite(self.read_gbps):
+            raise ConfigError(f"tier {self.name}: read_gbps must be > 0, got {self.read_gbps!r}")
+        if not self.latency_us >= 0 or not math.isfinite(self.latency_us):
+            raise ConfigError(f"tier {self.name}: latency_us must be >= 0, "
+                              f"got {self.latency_us!r}")
+
+
+@dataclass(frozen=True)
+class BlockInput:
+    """One block of a put: ``layer``, ``kind`` (``"k"``, ``"v"``, or ``"kv"``: both, one
+    record, as the engine stores them today), ``chunk`` (its position in the prefix, 0 first),
+    ``tokens``, ``residency_hours`` expected, ``reuse`` (expected reads), and the KV shape
+    (``kv_heads``, ``head_dim``, ``dtype``). ``n_chunks``: chunks in the whole prefix (default:
+    1 + the last chunk of the put); a DUE here costs the recompute of chunks ``chunk`` ..
+    ``n_chunks - 1``."""
+
+    layer: int
+    kind: str
+    chunk: int
+    tokens: int
+    residency_hours: float
+    reuse: float
+    kv_heads: int
+    head_dim: int
+    dtype: str = "float16"
+    n_chunks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"block: kind must be one of {KINDS}, got {self.kind!r}")
+        for key in ("layer", "chunk", "tokens", "kv_heads", "head_dim"):
+            v = getattr(self, key)
+            lo = 0 if key in ("layer", "chunk") else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"block: {key} must be an integer >= {lo}, got {v!r}")
+        if not self.residency_hours > 0 or not math.isfinite(self.residency_hours):
+            raise ConfigError(f"block: residency_hours must be > 0, got {self.residency_hours!r}")
+        if not self.reuse >= 0 or not math.isfinite(self.reuse):
+            raise ConfigError(f"block: reuse must be >= 0, got {self.reuse!r}")
+        if self.n_chunks is not None and self.n_chunks <= self.chunk:
+            raise ConfigError(f"block: n_chunks ({self.n_chunks}) must exceed chunk "
+                              f"({self.chunk})")
+
+    @property
+    def label(self) -> str:
+        return f"layer {self.layer} {self.kind.upper()} at chunk {self.chunk}"

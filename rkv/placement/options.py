@@ -1,0 +1,204 @@
+"""Options per block: every tier x bits x code, with its bytes, P(DUE), P(SDC) and cost terms.
+
+Blocks that share a shape, kind and residency share one *template* (the per-option bytes,
+probabilities and per-read cost), computed once per tier set and cached; a put's option table
+is then a few vectorised gathers. ``predict`` is a black box that can take seconds for a new
+(code, size, model, residency): :class:`ReliabilityCache` keeps its answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rkv.errors import ConfigError
+from rkv.placement.config import BlockInput, PlacementConfig, TierInput
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+GIB = float(1 << 30)
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def resolve_model(spec: Any) -> Any:
+    """A ``faultmodels`` model from a model, a preset name or a ``get_model`` dict."""
+    import faultmodels
+
+    try:
+        return faultmodels.get_model(spec)
+    except faultmodels.FaultModelError as exc:
+        raise ConfigError(f"fault model {spec!r}: {exc}") from exc
+
+
+def model_key(model: Any) -> str:
+    """The model's parameters as canonical JSON: equal models share cache entries."""
+    return json.dumps(model.params(), sort_keys=True, default=str)
+
+
+def _predict_job(args: tuple[str, int, dict[str, Any], float]) -> tuple[float, float]:
+    from rkv.faults.reliability import predict
+
+    code, nbytes, params, hours = args
+    p = predict(code, nbytes, resolve_model(params), hours)
+    return float(p.p_due), float(p.p_sdc)
+
+
+class ReliabilityCache:
+    """(P(DUE), P(SDC)) by (code, data bytes, model parameters, hours)."""
+
+    def __init__(self) -> None:
+        self._d: dict[tuple[str, int, str, float], tuple[float, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def get(self, code: str, data_bytes: int, model: Any, hours: float,
+            mkey: str | None = None) -> tuple[float, float]:
+        key = (code, int(data_bytes), mkey or model_key(model), float(hours))
+        hit = self._d.get(key)
+        if hit is None:
+            from rkv.faults.reliability import predict
+
+            p = predict(code, int(data_bytes), model, float(hours))
+            hit = self._d[key] = (float(p.p_due), float(p.p_sdc))
+        return hit
+
+    def warm(self, requests: Iterable[tuple[str, int, Any, float]], workers: int = 1) -> int:
+        """Compute the missing ``(code, data_bytes, model, hours)`` entries, in ``workers``
+        processes when above 1. Returns how many were computed."""
+        todo: dict[tuple[str, int, str, float], tuple[str, int, dict[str, Any], float]] = {}
+        for code, nbytes, model, hours in requests:
+            key = (code, int(nbytes), model_key(model), float(hours))
+            if key not in self._d:
+                todo[key] = (code, int(nbytes), model.params(), float(hours))
+        if workers > 1 and len(todo) > 1:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                results = list(pool.map(_predict_job, todo.values()))
+        else:
+            results = [_predict_job(a) for a in todo.values()]
+        for key, r in zip(todo, results, strict=True):
+            self._d[key] = r
+        return len(todo)
+
+
+DEFAULT_CACHE = ReliabilityCache()
+
+
+@dataclass(frozen=True)
+class Template:
+    """Per option (tier-major, then bits, then code): its tier index, bits, code index,
+    record bytes, data bytes, P(DUE), P(SDC), microseconds per read and capacity cost, and
+    whether it meets the reliability limits and survives dominance pruning."""
+
+    tier: I64
+    bits: I64
+    code: I64
+    record_bytes: F64
+    data_bytes: I64
+    p_due: F64
+    p_sdc: F64
+    read_us: F64
+    cap_cost: F64
+    meets: npt.NDArray[np.bool_]
+    kept: npt.NDArray[np.bool_]
+
+
+def class_key(b: BlockInput) -> tuple[Any, ...]:
+    return (b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, b.residency_hours)
+
+
+def data_bytes(b: BlockInput, bits: int) -> int:
+    """Bytes of the block's data at ``bits`` (quantized size from the quantizer itself). A
+    ``k`` or ``v`` block is half of its pair's encoding (rounded up)."""
+    from rkv.blockcodec import quantizer_for
+
+    if b.dtype not in _ITEMSIZE:
+        raise ConfigError(f"block: dtype must be one of {sorted(_ITEMSIZE)}, got {b.dtype!r}")
+    shape = (2, b.tokens, b.kv_heads, b.head_dim)
+    q = quantizer_for(f"kivi(bits={bits})") if bits < 16 else None
+    full = (q.encoded_size(shape, b.dtype) if q is not None
+            else 2 * b.tokens * b.kv_heads * b.head_dim * _ITEMSIZE[b.dtype])
+    return full if b.kind == "kv" else -(-full // 2)
+
+
+def record_bytes(b: BlockInput, bits: int, code: str) -> int:
+    """Bytes of the record the engine writes (framing, header copies, codec parity)."""
+    from rkv.blockcodec import codec_for, quantizer_for, record_size
+    from rkv.record import RecordHeader
+
+    shape = (2, b.tokens, b.kv_heads, b.head_dim)
+    header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16), shape=shape,
+                          dtype=b.dtype, data_len=0, payload_len=0)
+    codec = codec_for(code)
+    if b.kind == "kv":
+        q = quantizer_for(f"kivi(bits={bits})") if bits < 16 else None
+        return record_size(header, data_bytes(b, 16), codec, q)
+    return record_size(header, data_bytes(b, bits), codec)
+
+
+def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[Any],
+                   mkeys: Sequence[str], cfg: PlacementConfig,
+                   cache: ReliabilityCache) -> Template:
+    rows: list[tuple[int, int, int, int, int, float, float, float, float]] = []
+    for ti, tier in enumerate(tiers):
+        weight = float(cfg.capacity_cost.get(tier.name, 0.0)) / GIB
+        for bits in cfg.bits:
+            nbytes = data_bytes(b, bits)
+            for ci, code in enumerate(cfg.codes):
+                rec = record_bytes(b, bits, code)
+                p_due, p_sdc = cache.get(code, nbytes, models[ti], b.residency_hours,
+                                         mkeys[ti])
+                read = tier.latency_us + rec / (tier.read_gbps * 1e3)
+                rows.append((ti, bits, ci, rec, nbytes, p_due, p_sdc, read, weight * rec))
+    a = list(zip(*rows, strict=True))
+    t = Template(
+        tier=np.asarray(a[0], np.int64), bits=np.asarray(a[1], np.int64),
+        code=np.asarray(a[2], np.int64), record_bytes=np.asarray(a[3], np.float64),
+        data_bytes=np.asarray(a[4], np.int64), p_due=np.asarray(a[5], np.float64),
+        p_sdc=np.asarray(a[6], np.float64), read_us=np.asarray(a[7], np.float64),
+        cap_cost=np.asarray(a[8], np.float64),
+        meets=(np.asarray(a[5]) <= cfg.max_p_due) & (np.asarray(a[6]) <= cfg.max_p_sdc),
+        kept=np.ones(len(rows), bool),
+    )
+    # Dominance: within one tier and bit-width, an option with no fewer bytes and no lower
+    # P(DUE) than another is never better for any reuse or recompute cost.
+    same = (t.tier[:, None] == t.tier[None, :]) & (t.bits[:, None] == t.bits[None, :])
+    ok = t.meets[None, :] & t.meets[:, None]
+    no_better = (t.record_bytes[None, :] <= t.record_bytes[:, None]) & \
+        (t.p_due[None, :] <= t.p_due[:, None]) & (t.read_us[None, :] <= t.read_us[:, None])
+    strictly = (t.record_bytes[None, :] < t.record_bytes[:, None]) | \
+        (t.p_due[None, :] < t.p_due[:, None])
+    idx = np.arange(len(rows))
+    tie_first = (~strictly) & (idx[None, :] < idx[:, None])
+    dominated = (same & ok & no_better & (strictly | tie_first)).any(axis=1)
+    kept = t.meets & ~dominated
+    return Template(t.tier, t.bits, t.code, t.record_bytes, t.data_bytes, t.p_due, t.p_sdc,
+                    t.read_us, t.cap_cost, t.meets, kept)
+
+
+def recompute_costs(blocks: Sequence[BlockInput], cfg: PlacementConfig) -> F64:
+    """Per block: the recompute cost of its chunk and every later chunk of the prefix (what a
+    DUE there costs: the read stops at the first bad chunk)."""
+    tokens: dict[int, int] = {}
+    for b in blocks:
+        tokens[b.chunk] = max(tokens.get(b.chunk, 0), b.tokens)
+    default_tokens = max(tokens.values()) if tokens else 0
+    last = max(tokens) if tokens else 0
+    memo: dict[tuple[int, int], float] = {}
+    out = np.empty(len(blocks))
+    for i, b in enumerate(blocks):
+        n = b.n_chunks if b.n_chunks is not None else last + 1
+        key = (b.chunk, n)
+        v = memo.get(key)
+        if v is None:
+            v = memo[key] = math.fsum(cfg.recompute_us(tokens.get(c, default_tokens))
+                                      for c in range(b.chunk, n))
+        out[i] = v
+    return out

@@ -1,0 +1,85 @@
+"""The planner's result: per block its tier, bits and code, why, and the totals."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PlannedBlock:
+    layer: int
+    kind: str
+    chunk: int
+    tier: str
+    bits: int
+    code: str
+    p_due: float
+    p_sdc: float
+    record_bytes: int
+    kl: float
+    expected_cost_us: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``blocks`` in the order given; ``total_cost_us`` the objective; ``kl`` the total KL;
+    ``tier_bytes`` bytes placed per tier; ``expected_due`` the sum of P(DUE); ``binding`` the
+    constraints at their limit; ``method`` how it was solved; ``lower_bound_us`` a bound no
+    plan beats (Lagrangian dual; the exact cost for ``plan_exact``); ``plan_us`` time taken."""
+
+    blocks: tuple[PlannedBlock, ...]
+    total_cost_us: float
+    kl: float
+    kl_budget: float
+    tier_bytes: dict[str, int]
+    tier_free: dict[str, int]
+    expected_due: float
+    binding: tuple[str, ...]
+    method: str
+    lower_bound_us: float
+    plan_us: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gap_bound(self) -> float:
+        """Relative distance to the lower bound: the plan is at most this far from optimal."""
+        if self.lower_bound_us <= 0:
+            return 0.0 if self.total_cost_us <= 0 else float("inf")
+        return max(0.0, self.total_cost_us / self.lower_bound_us - 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["blocks"] = [asdict(b) for b in self.blocks]
+        return d
+
+    def table(self, limit: int | None = 60) -> str:
+        """A readable table (``rich`` when installed, else plain text); ``limit`` rows."""
+        head = ("layer", "kind", "chunk", "tier", "bits", "code", "P(DUE)", "P(SDC)",
+                "bytes", "KL", "cost us", "reason")
+        rows = [(str(b.layer), b.kind.upper(), str(b.chunk), b.tier, str(b.bits), b.code,
+                 f"{b.p_due:.2g}", f"{b.p_sdc:.2g}", str(b.record_bytes), f"{b.kl:.3g}",
+                 f"{b.expected_cost_us:.4g}", b.reason)
+                for b in (self.blocks if limit is None else self.blocks[:limit])]
+        used = ", ".join(f"{k} {v}/{self.tier_free[k]} B" for k, v in self.tier_bytes.items())
+        foot = (f"total cost {self.total_cost_us:.6g} us (bound {self.lower_bound_us:.6g}), "
+                f"KL {self.kl:.4g}/{self.kl_budget:.4g}, expected DUE {self.expected_due:.3g}, "
+                f"{used}; binding: {', '.join(self.binding) or 'none'}; {self.method}")
+        if limit is not None and len(self.blocks) > limit:
+            foot = f"({len(self.blocks) - limit} more blocks)\n" + foot
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:  # pragma: no cover - rich is installed in the dev venv
+            widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+            lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in [head, *rows]]
+            return "\n".join([*lines, foot])
+        t = Table(*head)
+        for r in rows:
+            t.add_row(*r)
+        buf = io.StringIO()
+        Console(file=buf, width=200, color_system=None).print(t)
+        return buf.getvalue() + foot

@@ -1,0 +1,438 @@
+"""The joint choice for a put: a multiple-choice knapsack with several resources.
+
+Each block ``i`` takes exactly one option ``j``; an option has a cost, a KL and some bytes in
+one tier. Minimise the total cost subject to total KL <= ``kl_budget`` and, per tier, bytes
+<= its free capacity. (Per-block reliability limits are applied before: an option that
+misses them is simply not offered, ``cost = inf``.)
+
+:func:`solve_fast` relaxes the KL and capacity constraints with one Lagrange multiplier each,
+finds the multipliers by coordinate-wise bracketing and bisection (each evaluation is one
+vectorised argmin over the option table), keeps the cheapest feasible choice it meets, repairs
+an infeasible one greedily, then improves it by single moves and by pairs of moves that trade
+one block's resource for another's. :func:`solve_exact` is branch and bound, for small
+instances and as the tests' oracle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+_REL_TOL = 1e-9
+_PAIR_CANDIDATES = 160
+
+
+def _limit_ok(usage: F64, limit: F64) -> npt.NDArray[np.bool_]:
+    return usage <= limit * (1 + _REL_TOL) + 1e-12
+
+
+@dataclass(frozen=True)
+class Problem:
+    """``cost``, ``kl``, ``nbytes``, ``tier``: ``(blocks, options)`` arrays (``cost = inf``
+    marks an option that is not offered); ``capacity``: free bytes per tier."""
+
+    cost: F64
+    kl: F64
+    nbytes: F64
+    tier: I64
+    kl_budget: float
+    capacity: F64
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.cost.shape[0]), int(self.cost.shape[1]))
+
+    @property
+    def n_tiers(self) -> int:
+        return int(self.capacity.shape[0])
+
+    def resources(self) -> tuple[F64, F64]:
+        """(per-resource use of every option ``(1 + tiers, n, m)``, the limits)."""
+        t = self.n_tiers
+        res = np.zeros((1 + t, *self.shape))
+        res[0] = self.kl
+        for k in range(t):
+            res[1 + k] = np.where(self.tier == k, self.nbytes, 0.0)
+        lim = np.concatenate(([self.kl_budget], self.capacity)).astype(np.float64)
+        return res, lim
+
+    def evaluate(self, choice: I64) -> tuple[float, F64]:
+        """(total cost, per-resource usage) of a choice."""
+        res, _ = self.resources()
+        rows = np.arange(self.shape[0])
+        return float(self.cost[rows, choice].sum()), res[:, rows, choice].sum(axis=1)
+
+    def feasible(self, choice: I64) -> bool:
+        _, lim = self.resources()
+        c, used = self.evaluate(choice)
+        return math.isfinite(c) and bool(_limit_ok(used, lim).all())
+
+
+@dataclass
+class Solution:
+    choice: I64
+    cost: float
+    usage: F64                   # KL, then bytes per tier
+    multipliers: F64 = field(default_factory=lambda: np.zeros(0))
+    evaluations: int = 0
+    nodes: int = 0
+    method: str = "fast"
+    lower_bound: float = -math.inf   # Lagrangian dual bound: no choice costs less
+
+
+class NoFeasibleChoice(Exception):
+    """No choice meets every limit (or the search could not find one). ``violated``: the
+    resource indices (0 = KL, 1 + t = tier t) still over their limit in the best attempt;
+    ``proven``: whether infeasibility is certain (a relaxation already fails)."""
+
+    def __init__(self, violated: list[int], usage: F64, proven: bool) -> None:
+        super().__init__(f"no feasible choice (resources {violated} over their limits)")
+        self.violated = violated
+        self.usage = usage
+        self.proven = proven
+
+
+def relaxation_check(p: Problem) -> None:
+    """Raise :class:`NoFeasibleChoice` (proven) when a block has no option, the least KL of
+    all blocks exceeds the budget, or their least bytes exceed all free capacity together."""
+    finite = np.isfinite(p.cost)
+    fits = finite & (p.nbytes <= p.capacity[p.tier] * (1 + _REL_TOL))
+    if not fits.any(axis=1).all():
+        raise NoFeasibleChoice([-1], np.zeros(0), True)
+    min_kl = np.where(fits, p.kl, np.inf).min(axis=1).sum()
+    min_b = np.where(fits, p.nbytes, np.inf).min(axis=1).sum()
+    usage = np.concatenate(([min_kl], np.full(p.n_tiers, min_b)))
+    if min_kl > p.kl_budget * (1 + _REL_TOL) + 1e-12:
+        raise NoFeasibleChoice([0], usage, True)
+    if min_b > p.capacity.sum() * (1 + _REL_TOL) + 1e-12:
+        raise NoFeasibleChoice(list(range(1, 1 + p.n_tiers)), usage, True)
+
+
+class _Fast:
+    def __init__(self, p: Problem) -> None:
+        n = p.shape[0]
+        self.p = p
+        # Within a row, order options by (cost, kl, bytes): argmin's first minimum is then
+        # the lightest of tied options.
+        self.order = np.lexsort((p.nbytes, p.kl, p.cost), axis=-1)
+        take = np.take_along_axis
+        cost = take(p.cost, self.order, axis=1)
+        res, self.lim = p.resources()
+        res = np.stack([take(r, self.order, axis=1) for r in res])
+        # An option larger than its tier's whole free capacity can never be used.
+        over = (res[1:] > self.lim[1:, None, None] * (1 + _REL_TOL)).any(axis=0)
+        self.cost = np.where(over, np.inf, cost)
+        self.res = res
+        self.rows = np.arange(n)
+        self.evals = 0
+        self.best_cost = math.inf
+        self.best: I64 | None = None
+        self.lower_bound = -math.inf
+        finite = np.isfinite(self.cost)
+        c = np.where(finite, self.cost, np.nan)
+        span = np.nanmax(c, axis=1) - np.nanmin(c, axis=1)
+        self.scale = np.ones(len(self.lim))
+        for k in range(len(self.lim)):
+            r = np.where(finite, res[k], np.nan)
+            rs = np.nanmax(r, axis=1) - np.nanmin(r, axis=1)
+            ok = rs > 0
+            if ok.any():
+                self.scale[k] = max(float(np.median(span[ok] / rs[ok])), 1e-300)
+
+    def ev(self, mult: F64) -> tuple[I64, F64]:
+        eff = self.cost
+        for k in np.flatnonzero(mult):
+            eff = eff + mult[k] * self.res[k]
+        choice = np.argmin(eff, axis=1).astype(np.int64)
+        usage = self.res[:, self.rows, choice].sum(axis=1)
+        self.evals += 1
+        lb = float(eff[self.rows, choice].sum() - mult @ self.lim)
+        if lb > self.lower_bound:
+            self.lower_bound = lb
+        if _limit_ok(usage, self.lim).all():
+            c = float(self.cost[self.rows, choice].sum())
+            if c < self.best_cost:
+                self.best_cost, self.best = c, choice
+        return choice, usage
+
+    def bisect(self, mult: F64, k: int, usage: F64) -> tuple[F64, F64]:
+        """Smallest multiplier k meeting limit k (given the others)."""
+        lim = self.lim[k]
+        m = mult.copy()
+        if usage[k] <= lim * (1 + _REL_TOL) + 1e-12:
+            if m[k] == 0:
+                return m, usage
+            lo, hi, u_hi = 0.0, m[k], usage
+            m[k] = 0.0
+            _, u = self.ev(m)
+            if u[k] <= lim * (1 + _REL_TOL) + 1e-12:
+                return m, u
+        else:
+            lo = m[k]
+            hi = max(2 * lo, self.scale[k])
+            for _ in range(60):
+                hi = min(hi, self.scale[k] * 1e18)
+                m[k] = hi
+                _, u_hi = self.ev(m)
+                if u_hi[k] <= lim * (1 + _REL_TOL) + 1e-12:
+                    break
+                if hi >= self.scale[k] * 1e18:
+                    return m, u_hi
+                lo, hi = hi, hi * 16
+            else:
+                return m, u_hi
+        for _ in range(12):
+            mid = _midpoint(lo, hi)
+            m[k] = mid
+            _, u = self.ev(m)
+            if u[k] <= lim * (1 + _REL_TOL) + 1e-12:
+                hi, u_hi = mid, u
+            else:
+                lo = mid
+            if lo > 0 and hi <= lo * 1.002:
+                break
+        m[k] = hi
+        return m, u_hi
+
+
+def _midpoint(lo: float, hi: float) -> float:
+    if lo == 0:
+        return hi / 32
+    return math.sqrt(lo * hi) if hi > 4 * lo else 0.5 * (lo + hi)
+
+
+def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool = True,
+               polish_blocks: int = 12, polish_nodes: int = 20_000) -> Solution:
+    """Lagrangian relaxation + repair + local improvement (see the module docstring). Puts of
+    at most ``polish_blocks`` blocks are then polished by branch and bound seeded with that
+    choice, within ``polish_nodes`` nodes (0 turns it off)."""
+    relaxation_check(p)
+    f = _Fast(p)
+    mult = np.zeros(len(f.lim))
+    choice, usage = f.ev(mult)
+    if f.best is None:
+        for _ in range(rounds):
+            before = mult.copy()
+            for k in range(len(f.lim)):
+                mult, usage = f.bisect(mult, k, usage)
+            if _limit_ok(usage, f.lim).all() and np.allclose(before, mult, rtol=1e-3):
+                break
+        choice, usage = f.ev(mult)
+        starts: list[I64] = [] if f.best is None else [f.best]
+        if not _limit_ok(usage, f.lim).all():
+            repaired = _repair(f, choice)
+            if repaired is not None:
+                starts.append(repaired)
+        if not starts:
+            viol = [int(k) for k in np.flatnonzero(~_limit_ok(usage, f.lim))]
+            if 0 < p.shape[0] <= polish_blocks and polish_nodes > 0:
+                _, ch, nodes, complete = _branch_and_bound(p, math.inf, None, polish_nodes)
+                if ch is not None:
+                    c, u = p.evaluate(ch)
+                    return Solution(ch, c, u, mult, f.evals, nodes, "bb", f.lower_bound)
+                if complete:
+                    raise NoFeasibleChoice(viol or list(range(len(f.lim))), usage, True)
+            raise NoFeasibleChoice(viol or list(range(len(f.lim))), usage, False)
+        improved = [_improve(f, s, pairs=pairs) for s in starts]
+        choice = min(improved, key=lambda c: float(f.cost[f.rows, c].sum()))
+    else:
+        choice = f.best
+    final = np.take_along_axis(f.order, choice[:, None], axis=1)[:, 0].astype(np.int64)
+    c, u = p.evaluate(final)
+    nodes, method = 0, "lagrangian"
+    if 0 < p.shape[0] <= polish_blocks and polish_nodes > 0 and f.evals > 1:
+        c2, ch2, nodes, _ = _branch_and_bound(p, c, final, polish_nodes)
+        if ch2 is not None and c2 < c:
+            final, method = ch2, "lagrangian+bb"
+            c, u = p.evaluate(final)
+    return Solution(final, c, u, mult, f.evals, nodes, method, f.lower_bound)
+
+
+def _deltas(f: _Fast, choice: I64) -> tuple[F64, F64]:
+    cur_c = f.cost[f.rows, choice]
+    dc = f.cost - cur_c[:, None]
+    dr = f.res - f.res[:, f.rows, choice][:, :, None]
+    return dc, dr
+
+
+def _repair(f: _Fast, choice: I64) -> I64 | None:
+    """Greedy: move blocks to options that cut the violated resources at the least cost per
+    unit cut, never pushing another resource over its limit."""
+    choice = choice.copy()
+    norm = np.maximum(f.lim, 1e-12)[:, None, None]
+    for _ in range(4 * len(f.rows) + 8):
+        usage = f.res[:, f.rows, choice].sum(axis=1)
+        viol = ~_limit_ok(usage, f.lim)
+        if not viol.any():
+            return choice
+        dc, dr = _deltas(f, choice)
+        gain = -(dr[viol] / norm[viol]).sum(axis=0)
+        slack = (f.lim - usage)[:, None, None]
+        ok = np.isfinite(dc) & (gain > 0) & ((dr <= slack) | viol[:, None, None]).all(axis=0)
+        if not ok.any():
+            return None
+        ratio = np.where(ok, np.maximum(dc, 0) / np.where(ok, gain, 1) + np.minimum(dc, 0),
+                         np.inf)
+        i, j = np.unravel_index(int(np.argmin(ratio)), ratio.shape)
+        choice[i] = j
+    return None
+
+
+def _improve(f: _Fast, choice: I64, *, pairs: bool) -> I64:
+    choice = choice.copy()
+    for _ in range(8):
+        changed = _one_opt(f, choice)
+        if pairs:
+            changed = _two_opt(f, choice) or changed
+        if not changed:
+            break
+    return choice
+
+
+def _one_opt(f: _Fast, choice: I64) -> bool:
+    usage = f.res[:, f.rows, choice].sum(axis=1)
+    slack = f.lim * (1 + _REL_TOL) + 1e-12 - usage
+    dc, dr = _deltas(f, choice)
+    ok = (dc < -1e-12 * (1 + abs(f.best_cost))) & (dr <= slack[:, None, None]).all(axis=0)
+    if not ok.any():
+        return False
+    gain = np.where(ok, dc, np.inf)
+    best_j = np.argmin(gain, axis=1)
+    best_g = gain[f.rows, best_j]
+    changed = False
+    for i in np.argsort(best_g):
+        if not math.isfinite(best_g[i]):
+            break
+        d = dr[:, i, best_j[i]]
+        if (d <= slack).all():
+            slack -= d
+            choice[i] = best_j[i]
+            changed = True
+    return changed
+
+
+def _two_opt(f: _Fast, choice: I64) -> bool:
+    """One improving pair of moves in two different blocks whose sum fits the slack."""
+    usage = f.res[:, f.rows, choice].sum(axis=1)
+    slack = f.lim * (1 + _REL_TOL) + 1e-12 - usage
+    dc, dr = _deltas(f, choice)
+    fin = np.isfinite(dc)
+    fin[f.rows, choice] = False
+    bi, oj = np.nonzero(fin)
+    if bi.size == 0:
+        return False
+    mdc = dc[bi, oj]
+    mdr = dr[:, bi, oj]
+    if bi.size > 2 * _PAIR_CANDIDATES:
+        gains = np.argsort(mdc)[:_PAIR_CANDIDATES]
+        frees = (mdr < 0).any(axis=0)
+        rel = np.where(frees, mdc, np.inf)
+        releases = np.argsort(rel)[:_PAIR_CANDIDATES]
+        sel = np.unique(np.concatenate((gains, releases)))
+        bi, oj, mdc, mdr = bi[sel], oj[sel], mdc[sel], mdr[:, sel]
+    tot = mdc[:, None] + mdc[None, :]
+    ok = (tot < -1e-12 * (1 + abs(f.best_cost))) & (bi[:, None] != bi[None, :])
+    for k in range(len(slack)):
+        if not ok.any():
+            return False
+        ok &= (mdr[k][:, None] + mdr[k][None, :]) <= slack[k]
+    if not ok.any():
+        return False
+    a, b = np.unravel_index(int(np.argmin(np.where(ok, tot, np.inf))), tot.shape)
+    choice[bi[a]] = oj[a]
+    choice[bi[b]] = oj[b]
+    return True
+
+
+def solve_exact(p: Problem, *, max_nodes: int = 5_000_000) -> Solution:
+    """Branch and bound over the blocks (cost-ordered options, dominated options dropped,
+    bounds from the remaining blocks' least cost, KL and bytes). Raises
+    :class:`NoFeasibleChoice` (proven) when nothing is feasible, ``RuntimeError`` past
+    ``max_nodes``."""
+    relaxation_check(p)
+    _, choice, nodes, complete = _branch_and_bound(p, math.inf, None, max_nodes)
+    if not complete:
+        raise RuntimeError(f"plan_exact: more than {max_nodes} nodes")
+    if choice is None:
+        _, lim = p.resources()
+        raise NoFeasibleChoice(list(range(len(lim))), np.zeros(len(lim)), True)
+    c, u = p.evaluate(choice)
+    return Solution(choice, c, u, np.zeros(0), 0, nodes, "exact", c)
+
+
+class _NodeLimit(Exception):
+    pass
+
+
+def _branch_and_bound(p: Problem, best_cost: float, best_choice: I64 | None,
+                      max_nodes: int) -> tuple[float, I64 | None, int, bool]:
+    """(cost, choice, nodes, complete): the best choice cheaper than ``best_cost`` (else the
+    incumbent given), and whether the search finished within ``max_nodes``."""
+    n, _ = p.shape
+    budget = p.kl_budget * (1 + _REL_TOL) + 1e-12
+    cap = [float(c) * (1 + _REL_TOL) + 1e-12 for c in p.capacity]
+    opts: list[list[tuple[float, float, int, float, int]]] = []
+    for i in range(n):
+        row = [(float(p.cost[i, j]), float(p.kl[i, j]), int(p.tier[i, j]),
+                float(p.nbytes[i, j]), j) for j in range(p.shape[1])
+               if math.isfinite(p.cost[i, j]) and p.nbytes[i, j] <= cap[int(p.tier[i, j])]]
+        row.sort()
+        kept: list[tuple[float, float, int, float, int]] = []
+        for o in row:  # drop options another (no costlier) option beats on every resource
+            if not any(q[2] == o[2] and q[1] <= o[1] and q[3] <= o[3] for q in kept):
+                kept.append(o)
+        opts.append(kept)
+    order = sorted(range(n), key=lambda i: -(opts[i][-1][0] - opts[i][0][0]))
+    opts = [opts[i] for i in order]
+    min_c = [0.0] * (n + 1)
+    min_k = [0.0] * (n + 1)
+    min_b = [0.0] * (n + 1)
+    for d in range(n - 1, -1, -1):
+        min_c[d] = min_c[d + 1] + min(o[0] for o in opts[d])
+        min_k[d] = min_k[d + 1] + min(o[1] for o in opts[d])
+        min_b[d] = min_b[d + 1] + min(o[3] for o in opts[d])
+    total_cap = sum(cap)
+    best = [best_cost]
+    best_pick: list[int] = []
+    pick = [0] * n
+    used = [0.0] * len(cap)
+    nodes = [0]
+
+    def dfs(d: int, c: float, kl: float, used_total: float) -> None:
+        nodes[0] += 1
+        if nodes[0] > max_nodes:
+            raise _NodeLimit
+        if d == n:
+            if c < best[0]:
+                best[0] = c
+                best_pick[:] = pick
+            return
+        rest_c, rest_k, rest_b = min_c[d + 1], min_k[d + 1], min_b[d + 1]
+        for oc, ok, ot, ob, j in opts[d]:
+            if math.isfinite(best[0]) and c + oc + rest_c >= best[0] - 1e-12 * abs(best[0]):
+                break
+            if kl + ok + rest_k > budget or used[ot] + ob > cap[ot] \
+                    or used_total + ob + rest_b > total_cap:
+                continue
+            used[ot] += ob
+            pick[d] = j
+            dfs(d + 1, c + oc, kl + ok, used_total + ob)
+            used[ot] -= ob
+
+    complete = True
+    try:
+        dfs(0, 0.0, 0.0, 0.0)
+    except _NodeLimit:
+        complete = False
+    if not best_pick:
+        return best_cost, best_choice, nodes[0], complete
+    choice = np.zeros(n, dtype=np.int64)
+    for d, i in enumerate(order):
+        choice[i] = best_pick[d]
+    return best[0], choice, nodes[0], complete
