@@ -30,7 +30,6 @@ from rkv.errors import (
 from rkv.record import (
     DecodedRecord,
     RecordHeader,
-    array_record_size,
     data_checksum,
     encode_array_record,
     encode_record,
@@ -109,23 +108,14 @@ def _configs(quant: Quantizer | None, codec: Codec | None) -> tuple[dict[str, An
 
 def record_size(header: RecordHeader, nbytes: int, codec: Codec | None,
                 quant: Quantizer | None = None) -> int:
-    """Bytes of the record :func:`encode_block` makes for a block of ``nbytes``."""
+    """Bytes of the record :func:`encode_block` makes for a block of ``nbytes``
+    (:class:`rkv.pipeline.Pipeline` computes it)."""
+    from rkv.pipeline import Pipeline
+
+    p = Pipeline(quant, codec)
     if quant is not None:
-        nbytes = quant.encoded_size(header.shape, header.dtype)
-    plen = codec.encoded_size(nbytes) if codec is not None else nbytes
-    return array_record_size(replace(header, codecs=_configs(quant, codec)), plen)
-
-
-def record_framing(header: RecordHeader, nbytes: int, codec: Codec | None,
-                   quant: Quantizer | None = None) -> tuple[int, int]:
-    """(payload offset, header copy length) of the record :func:`encode_block` makes."""
-    from rkv.record import framing_sizes
-
-    if quant is not None:
-        nbytes = quant.encoded_size(header.shape, header.dtype)
-    plen = codec.encoded_size(nbytes) if codec is not None else nbytes
-    return framing_sizes(replace(header, codecs=_configs(quant, codec), data_len=nbytes,
-                                 payload_len=plen))
+        return p.record_bytes(header.shape, header.dtype)
+    return p.record_bytes_for(nbytes)
 
 
 def encode_block(header: RecordHeader, data: np.ndarray, codec: Codec | None,

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from policies.base import Item, Reason
-from rkv.blockcodec import encode_block, record_size
+from rkv.blockcodec import encode_block
 from rkv.decisions import RECOMPUTE_TPS, Protected, free_chunk
 from rkv.errors import CorruptStoreError
 from rkv.index import ChunkMeta
 from rkv.keys import block_key
 from rkv.model import ModelSpec
+from rkv.pipeline import Pipeline
 from rkv.record import RecordHeader
 from rkv.results import PutResult
 from rkv.tensors import numpy_dtype
@@ -96,15 +97,13 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
         header = RecordHeader(key=key, layer=0, fingerprint=fp,
                               shape=spec.block_shape(end - start), dtype=spec.dtype,
                               data_len=0, payload_len=0)
-        data_bytes = plan.arr[0, :, start:end].nbytes
 
-        def chunk_size(tier: str, header: RecordHeader = header, data_bytes: int = data_bytes,
-                       n: int = end - start) -> int:
+        def chunk_size(tier: str, header: RecordHeader = header, n: int = end - start) -> int:
             size = sizes.get((tier, n))
-            if size is None:   # the same for every chunk of n tokens: framed once per put
-                size = sizes[tier, n] = record_size(
-                    header, data_bytes, engine._codecs[tier],
-                    quant_for(engine._quants[tier], header)) * spec.n_layers
+            if size is None:   # the same for every chunk of n tokens: sized once per put
+                pipe = Pipeline(quant_for(engine._quants[tier], header), engine._codecs[tier])
+                size = sizes[tier, n] = pipe.record_bytes(header.shape,
+                                                          header.dtype) * spec.n_layers
             return size
 
         item = Item(key, size=chunk_size(decide.order[0]), group=fp, depth=i,

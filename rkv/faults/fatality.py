@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from rkv.blockcodec import codec_for, record_framing, record_size
-from rkv.record import RecordHeader
+from rkv.blockcodec import codec_for
+from rkv.pipeline import Pipeline
 
 PRELUDE = 8
 #: Patterns drawn per clustered event class.
@@ -65,12 +65,10 @@ def layout_for(protection: str, data_bytes: int) -> Layout:
     :func:`rkv.faults.reliability.geometry`, the one place a codec spec is interpreted)."""
     from rkv.faults.reliability import geometry
 
-    codec = codec_for(protection)
-    header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16), shape=(2, 1, 1, 1),
-                          dtype="float16", data_len=0, payload_len=0)
-    record = record_size(header, data_bytes, codec)
-    payload = codec.encoded_size(data_bytes) if codec is not None else data_bytes
-    off, hlen = record_framing(header, data_bytes, codec)
+    pipe = Pipeline(None, codec_for(protection))
+    record = pipe.record_bytes_for(data_bytes)
+    payload = pipe.codec.encoded_size(data_bytes) if pipe.codec is not None else data_bytes
+    off, hlen = pipe.framing()
     g = geometry(protection, data_bytes)
     params: tuple[int, ...] = ()
     if g.kind == "rs":
