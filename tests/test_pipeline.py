@@ -65,3 +65,24 @@ def test_bad_specs_are_config_errors() -> None:
         Pipeline.parse("kivi(bits=3)", "none")
     with pytest.raises(ConfigError):
         Pipeline.parse("none", "rs(255,300)")
+
+
+def test_campaign_predicts_the_record_it_stores() -> None:
+    """A quantized campaign's prediction is for the record the engine really writes (the
+    header lists the quantizer too)."""
+    from rkv.faults.bench import _Bench
+    from rkv.faults.campaign import CampaignConfig
+    from rkv.faults.reliability import predict
+
+    cfg = CampaignConfig(protection="rs(255,239)", bits=4, trials=1, blocks=2,
+                         chunk_tokens=64, kv_heads=1)
+    pred = predict(cfg.protection_pipeline(), cfg.data_bytes, cfg.model(), cfg.hours)
+    import tempfile
+    from pathlib import Path
+
+    bench = _Bench(cfg, Path(tempfile.mkdtemp()))
+    try:
+        row = bench.run(0, 1, conditional=True)
+    finally:
+        bench.close()
+    assert {f["bytes"] for f in row.faults} == {pred.record_bytes}

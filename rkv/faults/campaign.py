@@ -140,6 +140,17 @@ class CampaignConfig:
             return self.protection.strip()
         return next(t for t in default_tiers() if t.name == self.tier).ecc
 
+    def protection_pipeline(self) -> Any:
+        """What ``predict`` judges: the stored record's pipeline (quantizer and code; the
+        record header lists both, so the framing counts them), or ``"raw"``."""
+        prot = self.effective_protection()
+        if prot == RAW:
+            return RAW
+        from rkv.pipeline import Pipeline
+
+        shape = (2, self.chunk_tokens, self.kv_heads, self.head_dim)
+        return Pipeline.parse(self.quant_spec(), prot).for_block(shape, self.dtype)
+
     def model(self) -> Any:
         import faultmodels
 
@@ -248,7 +259,7 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
     """Run ``cfg.trials`` trials (over ``cfg.workers`` processes) and summarize them."""
     model = cfg.model()
     protection = cfg.effective_protection()
-    prediction = predict(protection, cfg.data_bytes, model, cfg.hours)
+    prediction = predict(cfg.protection_pipeline(), cfg.data_bytes, model, cfg.hours)
     record = prediction.record_bytes
     p_any = float(model.p_any_error(record, cfg.hours))
     sampling = cfg.sampling
@@ -357,7 +368,7 @@ def weighted_rates(blocks: list[tuple[str, float]], plan: dict[str, Any]) -> dic
 def replay_trial(cfg: CampaignConfig, trial: int, seed: int | None = None) -> dict[str, Any]:
     """Run one trial again (same seed, same patterns, same outcome) and return its row."""
     model = cfg.model()
-    prediction = predict(cfg.effective_protection(), cfg.data_bytes, model, cfg.hours)
+    prediction = predict(cfg.protection_pipeline(), cfg.data_bytes, model, cfg.hours)
     conditional = cfg.sampling == "conditional" or (
         cfg.sampling == "auto" and model.p_any_error(prediction.record_bytes, cfg.hours) < 1e-3)
     return _worker(cfg.to_dict(), [(trial, cfg.trial_seed(trial) if seed is None else seed)],

@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from rkv.blockcodec import codec_for
 from rkv.pipeline import Pipeline
 
 PRELUDE = 8
@@ -60,12 +59,12 @@ class Layout:
     params: tuple[int, ...]
 
 
-def layout_for(protection: str, data_bytes: int) -> Layout:
+def layout_for(protection: Any, data_bytes: int) -> Layout:
     """The record's framing (from the record format) and the code's units (from
     :func:`rkv.faults.reliability.geometry`, the one place a codec spec is interpreted)."""
-    from rkv.faults.reliability import geometry
+    from rkv.faults.reliability import as_pipeline, geometry
 
-    pipe = Pipeline(None, codec_for(protection))
+    pipe = as_pipeline(protection) or Pipeline()
     record = pipe.record_bytes_for(data_bytes)
     payload = pipe.codec.encoded_size(data_bytes) if pipe.codec is not None else data_bytes
     off, hlen = pipe.framing()
@@ -219,14 +218,15 @@ def is_fatal(lay: Layout, pattern: Any) -> float:
 _CACHE: dict[tuple[str, str, int, float, int], list[float]] = {}
 
 
-def class_fatality(model: Any, protection: str, data_bytes: int, hours: float,
+def class_fatality(model: Any, protection: Any, data_bytes: int, hours: float,
                    draws: int = DRAWS) -> list[tuple[Any, float, float]]:
     """Per clustered class: (its rate, P(it fires in the record), P(fatal | it fires)).
     Cached per (model parameters, protection, size, hours, draws)."""
     lay = layout_for(protection, data_bytes)
     classes = [(i, c) for i, c in enumerate(model.event_classes(lay.record, hours))
                if c.rate.kind != "bit" and c.log_p0 != 0.0]
-    key = (json.dumps(model.params(), sort_keys=True, default=str), protection, data_bytes,
+    spec = protection if isinstance(protection, str) else protection.spec
+    key = (json.dumps(model.params(), sort_keys=True, default=str), spec, data_bytes,
            float(hours), draws)
     fatal = _CACHE.get(key)
     if fatal is None:

@@ -42,6 +42,7 @@ import numpy as np
 from rkv.blockcodec import codec_for
 from rkv.ecc.base import Units
 from rkv.errors import ConfigError
+from rkv.pipeline import Pipeline
 
 #: Collision probability of the end-to-end checksum (xxh3_128) for a wrong block.
 CHECKSUM_MISS = 2.0 ** -128
@@ -93,12 +94,27 @@ def _log_unit_ok(symbols: int, q: float, t: int) -> float:
     return _log1m(fail)
 
 
-def geometry(protection: str, data_bytes: int) -> Units:
-    """The decoding units of ``protection`` over ``data_bytes``: the codec describes them
-    (:meth:`rkv.ecc.base.Codec.units`); ``raw`` and ``none`` have no code of their own."""
+Protection = str | Pipeline
+
+
+def as_pipeline(protection: Protection) -> Pipeline | None:
+    """The pipeline a protection names (``None`` for ``raw``: no record at all). A string
+    is a codec spec (``"none"``: the end-to-end checksum alone)."""
+    if isinstance(protection, Pipeline):
+        return protection
     if protection == RAW:
+        return None
+    return Pipeline(None, codec_for(protection))
+
+
+def geometry(protection: Protection, data_bytes: int) -> Units:
+    """The decoding units of ``protection`` over ``data_bytes`` (the data after any
+    quantizer): the codec describes them (:meth:`rkv.ecc.base.Codec.units`); ``raw`` and
+    ``none`` have no code of their own."""
+    pipe = as_pipeline(protection)
+    if pipe is None:
         return Units("raw", 1, data_bytes, 0, 8, data_bytes)
-    codec = codec_for(protection)
+    codec = pipe.codec
     if codec is None:
         return Units("detect", 1, data_bytes, 0, 8, data_bytes)
     return codec.units(data_bytes)
@@ -133,8 +149,11 @@ def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
     return list(model.events(nbytes, hours))
 
 
-def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Prediction:
-    """Outcome probabilities for one block stored under ``protection`` for ``hours``."""
+def predict(protection: Protection, data_bytes: int, model: Any, hours: float) -> Prediction:
+    """Outcome probabilities for one block stored under ``protection`` (a codec spec,
+    ``"none"``, ``"raw"``, or a :class:`~rkv.pipeline.Pipeline`) for ``hours``: a pure
+    function of the pipeline, the block's data bytes (after any quantizer), the fault model
+    and the residency."""
     if data_bytes <= 0:
         raise ConfigError("data_bytes must be positive")
     g = geometry(protection, data_bytes)
@@ -219,5 +238,6 @@ def predict(protection: str, data_bytes: int, model: Any, hours: float) -> Predi
         p_corrected = max(0.0, p_error - p_due)
         # Only losses the medium did not report can come back miscorrected without a check.
         unchecked = max(0.0, -math.expm1(log_ok - log_reported)) * g.miss
-    return Prediction(protection, record, *(v if v > 0 else 0.0 for v in (
+    name = protection if isinstance(protection, str) else protection.spec
+    return Prediction(name, record, *(v if v > 0 else 0.0 for v in (
         p_error, p_corrected, p_due, p_sdc, unchecked)))
