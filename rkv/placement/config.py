@@ -147,7 +147,9 @@ class PlacementConfig:
             if not isinstance(cc, Mapping):
                 raise ConfigError(f"placement: capacity_cost must be a table of tier = cost "
                                   f"per GiB, got {cc!r}")
-            kw["capacity_cost"] = {str(k): _nonneg(cc, k, None) for k in cc}
+            kw["capacity_cost"] = {str(k): _nonneg({f"capacity_cost.{k}": v},
+                                                   f"capacity_cost.{k}", None)
+                                   for k, v in cc.items()}
         if "lossy_demotion" in d:
             kw["lossy_demotion"] = d["lossy_demotion"]
         return cls(**kw)
@@ -177,8 +179,8 @@ class PlacementConfig:
         }
         if self.recompute_us_per_chunk is not None:
             d["recompute_us_per_chunk"] = self.recompute_us_per_chunk
-        else:
-            d["recompute_us_per_token"] = self.us_per_token
+        elif self.recompute_us_per_token is not None:
+            d["recompute_us_per_token"] = self.recompute_us_per_token
         return d
 
     @property

@@ -52,6 +52,7 @@ class _Built:
     templates: list[Template]
     full_cost: F64           # (n, M) cost of every option, limits ignored
     tiers: tuple[str, ...]
+    cols: I64                # template option index of each problem column
 
 
 class Planner:
@@ -154,13 +155,15 @@ class Planner:
         rec = recompute_costs(blocks, cfg)
         full = (reuse[:, None] * stack["read_us"][cls] + stack["p_due"][cls] * rec[:, None]
                 + stack["cap_cost"][cls])
-        cost = np.where(stack["kept"][cls], full, np.inf)
-        bcol = np.vectorize(bits_idx.__getitem__, otypes=[np.int64])(stack["bits"])
+        # Only the columns some block may take reach the solver (most options are pruned).
+        cols = np.flatnonzero(stack["kept"].any(axis=0))
+        cost = np.where(stack["kept"][cls][:, cols], full[:, cols], np.inf)
+        bcol = np.vectorize(bits_idx.__getitem__, otypes=[np.int64])(stack["bits"][:, cols])
         kl = np.take_along_axis(klb, bcol[cls], axis=1)
         capacity = np.asarray([t.free_bytes for t in tiers], np.float64)
-        prob = Problem(cost, kl, stack["record_bytes"][cls], stack["tier"][cls],
-                       cfg.quality_budget_kl, capacity)
-        return _Built(prob, cls, templates, full, names)
+        prob = Problem(cost, kl, stack["record_bytes"][cls][:, cols],
+                       stack["tier"][cls][:, cols], cfg.quality_budget_kl, capacity)
+        return _Built(prob, cls, templates, full, names, cols)
 
     def _kl_row(self, layer: int, kind: str) -> F64:
         row = self._kl.get((layer, kind))
@@ -190,8 +193,9 @@ class Planner:
         out: list[PlannedBlock] = []
         for i, b in enumerate(blocks):
             t = built.templates[built.cls[i]]
-            j, f, c0 = int(ch[i]), int(free[i]), int(cheapest[i])
-            if j == f or p.cost[i, j] <= p.cost[i, f]:
+            pj, pf, c0 = int(ch[i]), int(free[i]), int(cheapest[i])
+            j, f = int(built.cols[pj]), int(built.cols[pf])
+            if pj == pf or p.cost[i, pj] <= p.cost[i, pf]:
                 if t.p_due[c0] > cfg.max_p_due:
                     reason = "cheapest meeting max_p_due"
                 elif t.p_sdc[c0] > cfg.max_p_sdc:
@@ -200,7 +204,7 @@ class Planner:
                     reason = "cheapest"
             else:
                 parts = []
-                if over[0] and p.kl[i, f] > p.kl[i, j]:
+                if over[0] and p.kl[i, pf] > p.kl[i, pj]:
                     parts.append("KL budget")
                 tf = int(t.tier[f])
                 if over[1 + tf] and (t.tier[j] != tf or t.record_bytes[j] < t.record_bytes[f]):
@@ -209,11 +213,12 @@ class Planner:
             out.append(PlannedBlock(
                 b.layer, b.kind, b.chunk, built.tiers[int(t.tier[j])], int(t.bits[j]),
                 codes[int(t.code[j])], float(t.p_due[j]), float(t.p_sdc[j]),
-                int(t.record_bytes[j]), float(p.kl[i, j]), float(p.cost[i, j]), reason))
+                int(t.record_bytes[j]), float(p.kl[i, pj]), float(p.cost[i, pj]), reason))
         used = res[:, rows, ch].sum(axis=1)
         tb = {nm: int(used[1 + k]) for k, nm in enumerate(built.tiers)}
         tfree = {t.name: t.free_bytes for t in tiers}
-        exp_due = float(np.stack([t.p_due for t in built.templates])[built.cls, ch].sum())
+        exp_due = float(np.stack([t.p_due for t in built.templates])[built.cls,
+                                                                     built.cols[ch]].sum())
         lb = sol.cost if sol.method == "exact" else sol.lower_bound
         return Plan(tuple(out), sol.cost, float(used[0]), p.kl_budget, tb, tfree, exp_due,
                     binding, sol.method, float(lb), 1e6 * (time.perf_counter() - t0),

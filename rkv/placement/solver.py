@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +55,10 @@ class Problem:
 
     def resources(self) -> tuple[F64, F64]:
         """(per-resource use of every option ``(1 + tiers, n, m)``, the limits)."""
+        return self._resources
+
+    @cached_property
+    def _resources(self) -> tuple[F64, F64]:
         t = self.n_tiers
         res = np.zeros((1 + t, *self.shape))
         res[0] = self.kl
@@ -207,12 +212,14 @@ def _midpoint(lo: float, hi: float) -> float:
     return math.sqrt(lo * hi) if hi > 4 * lo else 0.5 * (lo + hi)
 
 
-def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool = True,
+def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
                polish_blocks: int = 12, polish_nodes: int = 20_000) -> Solution:
     """Lagrangian relaxation + repair + local improvement (see the module docstring). Puts of
     at most ``polish_blocks`` blocks are then polished by branch and bound seeded with that
     choice, within ``polish_nodes`` nodes (0 turns it off)."""
     relaxation_check(p)
+    if pairs is None:
+        pairs = p.shape[0] <= 64
     f = _Fast(p)
     mult = np.zeros(len(f.lim))
     choice, usage = f.ev(mult)
@@ -330,10 +337,10 @@ def _two_opt(f: _Fast, choice: I64) -> bool:
     mdc = dc[bi, oj]
     mdr = dr[:, bi, oj]
     if bi.size > 2 * _PAIR_CANDIDATES:
-        gains = np.argsort(mdc)[:_PAIR_CANDIDATES]
+        gains = np.argpartition(mdc, _PAIR_CANDIDATES)[:_PAIR_CANDIDATES]
         frees = (mdr < 0).any(axis=0)
         rel = np.where(frees, mdc, np.inf)
-        releases = np.argsort(rel)[:_PAIR_CANDIDATES]
+        releases = np.argpartition(rel, _PAIR_CANDIDATES)[:_PAIR_CANDIDATES]
         sel = np.unique(np.concatenate((gains, releases)))
         bi, oj, mdc, mdr = bi[sel], oj[sel], mdc[sel], mdr[:, sel]
     tot = mdc[:, None] + mdc[None, :]
