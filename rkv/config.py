@@ -175,6 +175,10 @@ class EngineConfig:
     background: ``"never"``, ``"all"`` (every such read) or ``"after(n=2)"`` (from its n-th
     read on). ``prefetch`` orders what :meth:`Engine.prefetch` moves when its budget does
     not cover everything: ``"queue"`` or ``"shallow"`` (see docs/policies.md).
+    ``placement`` (a ``[placement]`` table, empty: off) plans each block's bits and code in
+    the tier the policies choose, from the tiers' fault models and a quality profile under
+    P(SDC), P(DUE) and KL targets (see docs/placement.md); off, a tier's ``quant`` and
+    ``ecc`` apply to all its blocks.
     """
 
     chunk_tokens: int = 256
@@ -185,6 +189,7 @@ class EngineConfig:
     repair: bool = True
     promote: str = "after(n=2)"
     prefetch: str = "queue"
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
@@ -207,6 +212,12 @@ class EngineConfig:
         if self.promote != "never":
             _check_policy(self.promote, "promote", 1, kind="admission")
         _check_policy(self.prefetch, "prefetch", 1, kind="prefetch")
+        if not isinstance(self.placement, dict):
+            raise ConfigError("placement must be a table (see docs/placement.md)")
+        if self.placement:
+            from rkv.placement.config import PlacementConfig
+
+            PlacementConfig.from_dict(self.placement)   # validated now, used by the engine
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:

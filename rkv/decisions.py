@@ -38,7 +38,7 @@ from policies import make_admission, make_policy, make_prefetch, split_spec
 from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Reason
 from rkv.blockcodec import reencode
 from rkv.config import EngineConfig
-from rkv.errors import IntegrityError, TierFullError
+from rkv.errors import ConfigError, IntegrityError, TierFullError
 from rkv.index import ChunkMeta, Index
 from rkv.keys import block_key
 from rkv.record import decode_record
@@ -99,8 +99,11 @@ class Decisions:
     """Policies per tier and every decision that uses them (see the module docstring)."""
 
     def __init__(self, ix: Index, tiers: dict[str, Tier], config: EngineConfig,
-                 codecs: dict[str, Any]) -> None:
+                 codecs: dict[str, Any], placement: Any = None) -> None:
         self.ix, self.tiers, self.config, self.codecs = ix, tiers, config, codecs
+        #: Plans a moving block's code for its new tier (None: the tier's codec).
+        self.placement = placement
+        self.fallbacks = 0
         self.order = [t.name for t in config.tiers]
         self.caps = {t.name: t.capacity_bytes for t in config.tiers}
         self.policies: dict[str, EvictionPolicy] = {}
@@ -387,7 +390,8 @@ class Decisions:
             for layer, (tier, size) in enumerate(meta.blocks):
                 if tier == src:
                     bkey = block_key(key, layer)
-                    new_size = pending.move(bkey, src, dst, self._transcoder(dst, stats))
+                    new_size = pending.move(bkey, src, dst,
+                                            self._transcoder(dst, stats, (txn, meta)))
                     moved.append(bkey)
                     tier, size = dst, new_size
                 blocks.append((tier, size))
@@ -410,17 +414,21 @@ class Decisions:
         stats["demoted" if reason is Reason.DEMOTED else "promoted"] += 1
         return True
 
-    def _transcoder(self, tier: str, stats: Counter[str]
-                    ) -> Callable[[Any, tuple[tuple[int, int], ...]], Any]:
-        """Re-encode a moving record with ``tier``'s codec (using the erasures its medium
-        reported). A record that fails verification moves unchanged, so its reads still
-        report it (never silently "repaired")."""
+    def _transcoder(self, tier: str, stats: Counter[str], where: tuple[Any, ChunkMeta] | None
+                    = None) -> Callable[[Any, tuple[tuple[int, int], ...]], Any]:
+        """Re-encode a moving record with ``tier``'s codec, or the code placement plans for
+        it there (``where``: the chunk's transaction and entry), using the erasures its
+        medium reported. A record that fails verification moves unchanged, so its reads
+        still report it (never silently "repaired")."""
         codec = self.codecs[tier]
 
         def transform(record: Any, erased: tuple[tuple[int, int], ...] = ()) -> Any:
             try:
                 dec = decode_record(record)
-                out = reencode(record, dec, codec, erased)
+                target = codec
+                if self.placement is not None and where is not None:
+                    target = self._planned_codec(dec, tier, *where)
+                out = reencode(record, dec, target, erased)
             except IntegrityError:
                 stats["moved_corrupt"] += 1
                 return record
@@ -429,3 +437,25 @@ class Decisions:
             return out
 
         return transform
+
+    def _planned_codec(self, dec: Any, tier: str, txn: Any, meta: ChunkMeta) -> Any:
+        """The code placement plans for a block moving to ``tier`` (its bits kept)."""
+        from rkv.blockcodec import header_stages
+        from rkv.model import ModelSpec
+
+        spec_d = self.ix.models(txn).get(meta.fingerprint)
+        if spec_d is None:
+            return self.codecs[tier]
+        quant, _ = header_stages(dec.header)
+        h = dec.header
+        try:
+            pipe = self.placement.demotion_code(ModelSpec.from_dict(spec_d), h.layer,
+                                                h.shape[1], meta.pos,
+                                                16 if quant is None else quant.bits, tier)
+        except ConfigError as exc:
+            # No code there meets the targets: the tier's own code, counted and logged
+            # (stats()["session"]["placement_fallbacks"]), rather than a failed put.
+            log.warning("placement: %s; block moves with tier %s's code", exc, tier)
+            self.fallbacks += 1
+            return self.codecs[tier]
+        return pipe.codec

@@ -86,7 +86,14 @@ class Engine:
         #: Test hooks of the mutation protocol (see :mod:`rkv.txn`).
         self.hooks: Hooks = {}
         self._mutator = Mutator(index.env, tiers, self.hooks)
-        self._decide = Decisions(index, tiers, config, self._codecs)
+        self._placement: Any = None
+        if config.placement:
+            from rkv.placement.config import PlacementConfig
+            from rkv.placement.engine_plans import EnginePlacement
+
+            self._placement = EnginePlacement(PlacementConfig.from_dict(config.placement),
+                                              config.tiers)
+        self._decide = Decisions(index, tiers, config, self._codecs, self._placement)
         self._reads = ReadPath(index, tiers)
         self.dropped_at_open = 0
         #: The index format this open upgraded from (None: it was current).
@@ -465,6 +472,8 @@ class Engine:
         self._check()
         with self._lock:
             session = dict(self._counters)
+            if self._decide.fallbacks:
+                session["placement_fallbacks"] = self._decide.fallbacks
         return stats(self, session)
 
     def verify(self, *, progress: Callable[[int, int], None] | None = None,

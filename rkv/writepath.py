@@ -57,6 +57,36 @@ def quant_for(quant: Any, header: RecordHeader) -> Any:
     return quant if quant.encoded_size(header.shape, header.dtype) < raw else None
 
 
+class Planned:
+    """Placement's per-block pipelines for one put, planned per tier when first asked."""
+
+    def __init__(self, engine: Engine, plan: PutPlan) -> None:
+        self.on = engine._placement is not None
+        self._engine, self._plan = engine, plan
+        self._by_tier: dict[str, list[list[Pipeline]]] = {}
+        self._sizes: dict[str, list[list[int]]] = {}
+
+    def pipes(self, tier: str, chunk: int) -> list[Pipeline]:
+        if tier not in self._by_tier:
+            p = self._plan
+            tokens = [e - s for s, e in p.bounds]
+            self._by_tier[tier] = self._engine._placement.put_plan(
+                p.spec, tokens, len(tokens), tier)
+            spec = p.spec
+            self._sizes[tier] = [
+                [pipe.for_block(spec.block_shape(n), spec.dtype).record_bytes(
+                    spec.block_shape(n), spec.dtype) for pipe in chunk_pipes]
+                for n, chunk_pipes in zip(tokens, self._by_tier[tier], strict=True)]
+            self._by_tier[tier] = [
+                [pipe.for_block(spec.block_shape(n), spec.dtype) for pipe in chunk_pipes]
+                for n, chunk_pipes in zip(tokens, self._by_tier[tier], strict=True)]
+        return self._by_tier[tier][chunk]
+
+    def sizes(self, tier: str, chunk: int) -> list[int]:
+        self.pipes(tier, chunk)
+        return self._sizes[tier][chunk]
+
+
 @dataclass
 class PutPlan:
     """One put, validated: what :func:`write_chunks` needs."""
@@ -83,6 +113,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     written = deduped = blocks = nbytes = refused = 0
     scratch = Scratch()
     sizes: dict[tuple[str, int], int] = {}     # chunk bytes per (tier, tokens)
+    planned = Planned(engine, plan)
     for i, key in enumerate(keys):
         mine.add(key)
         try:
@@ -98,7 +129,10 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                               shape=spec.block_shape(end - start), dtype=spec.dtype,
                               data_len=0, payload_len=0)
 
-        def chunk_size(tier: str, header: RecordHeader = header, n: int = end - start) -> int:
+        def chunk_size(tier: str, header: RecordHeader = header, n: int = end - start,
+                       i: int = i) -> int:
+            if planned.on:
+                return sum(planned.sizes(tier, i))
             size = sizes.get((tier, n))
             if size is None:   # the same for every chunk of n tokens: sized once per put
                 pipe = Pipeline(quant_for(engine._quants[tier], header), engine._codecs[tier])
@@ -114,24 +148,29 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
         if tier is None:
             refused += 1
             continue
-        codec = engine._codecs[tier]
-        quant = quant_for(engine._quants[tier], header)
-        rec_size = chunk_size(tier) // spec.n_layers
+        if planned.on:
+            pipes, layer_sizes = planned.pipes(tier, i), planned.sizes(tier, i)
+        else:
+            one = Pipeline(quant_for(engine._quants[tier], header), engine._codecs[tier])
+            pipes = [one] * spec.n_layers
+            layer_sizes = [chunk_size(tier) // spec.n_layers] * spec.n_layers
         for layer in range(spec.n_layers):
             # Encoded at write time (raw blocks into one reused buffer: LMDB copies each
             # record, so no block needs a buffer of its own).
+            pipe = pipes[layer]
             pending.write(tier, block_key(key, layer), partial(
                 encode_block, replace(header, layer=layer),
-                plan.arr[layer, :, start:end], codec, scratch, quant), rec_size)
+                plan.arr[layer, :, start:end], pipe.codec, scratch, pipe.quant),
+                layer_sizes[layer])
         meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
-                         fingerprint=fp,
-                         blocks=tuple((tier, rec_size) for _ in range(spec.n_layers)),
+                         fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,
+                                                          layer_sizes, strict=True)),
                          at=now_ns)
         ix.put_chunk(txn, key, meta, None)
         decide.inserted(key, meta, tier, now)
         written += 1
         blocks += spec.n_layers
-        nbytes += rec_size * spec.n_layers
+        nbytes += sum(layer_sizes)
         per_tier[tier] += 1
     last = ix.read_chunk(txn, keys[-1])
     if last is not None and not last.end:

@@ -30,7 +30,8 @@ DEFAULT_CODES = (
 KINDS = ("k", "v", "kv")
 DEFAULT_RECOMPUTE_US_PER_TOKEN = 100.0
 _KEYS = ("max_p_sdc", "max_p_due", "quality_budget_kl", "recompute_us_per_token",
-         "recompute_us_per_chunk", "bits", "codes", "capacity_cost", "lossy_demotion")
+         "recompute_us_per_chunk", "bits", "codes", "capacity_cost", "lossy_demotion",
+         "residency_hours", "reuse", "profile")
 
 
 def _prob(d: Mapping[str, Any], key: str, default: float) -> float:
@@ -63,6 +64,9 @@ class PlacementConfig:
     checksum alone). ``capacity_cost``: per tier name, microseconds-equivalent per GiB stored
     (tiers not named cost 0). ``lossy_demotion``: whether a later demotion may re-quantize a
     block (recorded for the demotion re-planner; the put planner does not use it).
+    For the engine: ``residency_hours`` and ``reuse`` (reads) expected of a stored block, and
+    ``profile``, the quality profile (a path or a shipped name; empty: the shipped profile
+    for the model's fingerprint, if any; with none, only 16 bits are planned).
     """
 
     max_p_sdc: float = 1e-15
@@ -74,6 +78,9 @@ class PlacementConfig:
     codes: tuple[str, ...] = DEFAULT_CODES
     capacity_cost: Mapping[str, float] = field(default_factory=dict)
     lossy_demotion: bool = False
+    residency_hours: float = 24.0
+    reuse: float = 1.0
+    profile: str = ""
 
     def __post_init__(self) -> None:
         # Re-validate through from_dict's rules so direct construction is checked too.
@@ -110,6 +117,15 @@ class PlacementConfig:
             raise ConfigError("placement: capacity_cost must be a table of tier = cost per GiB")
         for name, v in self.capacity_cost.items():
             _nonneg({f"capacity_cost.{name}": v}, f"capacity_cost.{name}", None)
+        if not (isinstance(self.residency_hours, int | float)
+                and not isinstance(self.residency_hours, bool)
+                and 0 < self.residency_hours < math.inf):
+            raise ConfigError(f"placement: residency_hours must be > 0, "
+                              f"got {self.residency_hours!r}")
+        _nonneg({"reuse": self.reuse}, "reuse", None)
+        if not isinstance(self.profile, str):
+            raise ConfigError(f"placement: profile must be a path or a name, "
+                              f"got {self.profile!r}")
         if not isinstance(self.lossy_demotion, bool):
             raise ConfigError(f"placement: lossy_demotion must be true or false, "
                               f"got {self.lossy_demotion!r}")
@@ -150,8 +166,9 @@ class PlacementConfig:
             kw["capacity_cost"] = {str(k): _nonneg({f"capacity_cost.{k}": v},
                                                    f"capacity_cost.{k}", None)
                                    for k, v in cc.items()}
-        if "lossy_demotion" in d:
-            kw["lossy_demotion"] = d["lossy_demotion"]
+        for key in ("lossy_demotion", "residency_hours", "reuse", "profile"):
+            if key in d:
+                kw[key] = d[key]
         return cls(**kw)
 
     @classmethod
@@ -176,6 +193,8 @@ class PlacementConfig:
             "quality_budget_kl": self.quality_budget_kl,
             "bits": list(self.bits), "codes": list(self.codes),
             "capacity_cost": dict(self.capacity_cost), "lossy_demotion": self.lossy_demotion,
+            "residency_hours": self.residency_hours, "reuse": self.reuse,
+            "profile": self.profile,
         }
         if self.recompute_us_per_chunk is not None:
             d["recompute_us_per_chunk"] = self.recompute_us_per_chunk

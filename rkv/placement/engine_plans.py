@@ -1,0 +1,138 @@
+"""Placement inside the engine: each block of a put gets the bits and code a plan chose.
+
+The engine's decision site (:mod:`rkv.decisions`) still decides which tier a chunk lives in
+(admission, capacity, eviction, demotion). With a placement config, what a block looks like in
+that tier is planned: for the tier a put's chunks are offered, the planner chooses each block's
+bit-width and code under the targets (P(SDC), P(DUE) per block, the put's KL budget), so
+``chunk_size(tier)`` and the records written agree with the plan. A demotion re-plans the
+block's code for the destination tier and keeps its bits (``lossy_demotion``, re-quantizing
+on the way down, is not implemented yet).
+
+Profiles: ``PlacementConfig.profile`` (a path, or a shipped profile name); empty means the
+shipped profile whose fingerprint matches the model, if any; without a profile only 16 bits
+are planned (lossless), never a silent guess at quality.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from rkv.errors import ConfigError
+from rkv.pipeline import Pipeline
+from rkv.placement.config import BlockInput, PlacementConfig, TierInput
+from rkv.placement.planner import Planner
+from rkv.placement.profile import QualityProfile
+
+if TYPE_CHECKING:
+    from rkv.config import TierConfig
+    from rkv.model import ModelSpec
+
+#: Free capacity the planner sees: the decision site makes room (evicts or demotes) for
+#: what the plan needs, so a tier is never "full" to the planner.
+_UNBOUNDED = 1 << 62
+
+
+def quant_spec(bits: int) -> str:
+    return "none" if bits >= 16 else f"kivi(bits={bits})"
+
+
+def load_profile(cfg: PlacementConfig, spec: ModelSpec) -> QualityProfile | None:
+    """The quality profile a put of ``spec`` is planned with (None: lossless only)."""
+    if cfg.profile:
+        from pathlib import Path
+
+        if Path(cfg.profile).exists():
+            return QualityProfile.load(cfg.profile)
+        return _shipped(cfg.profile)
+    return _shipped(spec.fingerprint().hex(), quiet=True)
+
+
+def _shipped(name: str, quiet: bool = False) -> QualityProfile | None:
+    try:
+        from rkv import calibrate
+    except ImportError:  # pragma: no cover - the calibrate module ships with rkv
+        return None
+    loader = getattr(calibrate, "load_profile", None)
+    if loader is None:
+        return None
+    try:
+        prof = loader(name)
+    except (ConfigError, KeyError, FileNotFoundError):
+        if quiet:
+            return None
+        raise ConfigError(f"placement: no quality profile {name!r} (a path, or a shipped "
+                          "profile name)") from None
+    table = getattr(prof, "kl_table", None) or getattr(prof, "kl", None)
+    if isinstance(table, dict):
+        return QualityProfile({"model": name, "kl": table})
+    return QualityProfile(lambda layer, kind, bits: float(prof.kl(layer, kind, bits)))
+
+
+class EnginePlacement:
+    """Plans for one engine: its tiers and placement config (one planner, caches shared)."""
+
+    def __init__(self, cfg: PlacementConfig, tiers: tuple[TierConfig, ...]) -> None:
+        self.cfg = cfg
+        self.tiers = {t.name: t for t in tiers}
+        self._planners: dict[bytes, Planner] = {}
+        self._fixed: dict[tuple[bytes, int], Planner] = {}
+
+    def planner(self, spec: ModelSpec) -> Planner:
+        fp = spec.fingerprint()
+        p = self._planners.get(fp)
+        if p is None:
+            profile = load_profile(self.cfg, spec)
+            cfg = self.cfg
+            if profile is None:
+                cfg = replace(cfg, bits=(16,))
+            p = self._planners[fp] = Planner(cfg, profile)
+        return p
+
+    def tier_input(self, name: str) -> TierInput:
+        t = self.tiers[name]
+        return TierInput(name, t.fault_model, _UNBOUNDED, t.read_gbps, t.latency_us)
+
+    def blocks(self, spec: ModelSpec, tokens: list[int], n_chunks: int) -> list[BlockInput]:
+        """One block per (chunk, layer), K and V together as the record stores them."""
+        cfg = self.cfg
+        return [BlockInput(layer, "kv", i, n, cfg.residency_hours, cfg.reuse, spec.n_kv_heads,
+                           spec.head_dim, spec.dtype, n_chunks)
+                for i, n in enumerate(tokens) for layer in range(spec.n_layers)]
+
+    def put_plan(self, spec: ModelSpec, tokens: list[int], n_chunks: int,
+                 tier: str) -> list[list[Pipeline]]:
+        """Per chunk, per layer, the pipeline planned for ``tier`` (raises
+        :class:`~rkv.placement.InfeasiblePlanError` when the targets cannot be met there)."""
+        plan = self.planner(spec).plan(self.blocks(spec, tokens, n_chunks),
+                                       [self.tier_input(tier)])
+        out: list[list[Pipeline]] = [[] for _ in tokens]
+        for b in plan.blocks:
+            out[b.chunk].append(Pipeline.parse(quant_spec(b.bits), b.code))
+        return out
+
+    def demotion_code(self, spec: ModelSpec, layer: int, tokens: int, pos: int,
+                      bits: int, tier: str) -> Pipeline:
+        """The pipeline for one block moving to ``tier``: its bits kept (demotion never
+        re-quantizes), the code re-planned for the new tier's fault model."""
+        planner = self.planner(spec)
+        key = (spec.fingerprint(), bits)
+        one = self._fixed.get(key)
+        if one is None:
+            one = self._fixed[key] = Planner(replace(planner.config, bits=(bits,)),
+                                             planner.profile, planner.cache)
+        block = BlockInput(layer, "kv", pos, tokens, self.cfg.residency_hours, self.cfg.reuse,
+                           spec.n_kv_heads, spec.head_dim, spec.dtype, pos + 1)
+        b = one.plan([block], [self.tier_input(tier)]).blocks[0]
+        return Pipeline.parse(quant_spec(b.bits), b.code)
+
+
+def as_placement(value: Any) -> PlacementConfig | None:
+    """An ``EngineConfig.placement`` value: None, a table, or a path to a TOML file."""
+    if value is None or value == "" or value == {}:
+        return None
+    if isinstance(value, PlacementConfig):
+        return value
+    if isinstance(value, str):
+        return PlacementConfig.load(value)
+    return PlacementConfig.from_dict(value)
