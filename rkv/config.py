@@ -250,16 +250,24 @@ class EngineConfig:
 
     @classmethod
     def from_toml(cls, text: str) -> EngineConfig:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"invalid TOML: {exc}") from exc
-        return cls.from_dict(data)
+        return cls.from_dict(parse_toml(text))
 
     @classmethod
     def load(cls, path: str | Path) -> EngineConfig:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from exc
-        return cls.from_toml(text)
+        return cls.from_toml(read_text(path))
+
+
+def parse_toml(text: str, what: str = "") -> dict[str, Any]:
+    """A TOML document as a dict; bad TOML is a ConfigError (``what`` prefixes it)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what}invalid TOML: {exc}") from exc
+
+
+def read_text(path: str | Path, what: str = "") -> str:
+    """A config file's text; an unreadable file is a ConfigError."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}cannot read config {path}: {exc}") from exc

@@ -9,7 +9,6 @@ microseconds (``capacity_cost`` is microseconds-equivalent per GiB stored in tha
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,19 +172,15 @@ class PlacementConfig:
 
     @classmethod
     def from_toml(cls, text: str) -> PlacementConfig:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"placement: invalid TOML: {exc}") from exc
-        return cls.from_dict(data)
+        from rkv.config import parse_toml
+
+        return cls.from_dict(parse_toml(text, "placement: "))
 
     @classmethod
     def load(cls, path: str | Path) -> PlacementConfig:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"placement: cannot read {path}: {exc}") from exc
-        return cls.from_toml(text)
+        from rkv.config import read_text
+
+        return cls.from_toml(read_text(path, "placement: "))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
