@@ -452,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--threads", type=int, default=2)
     cal.add_argument("--quiet", action="store_true", help="no progress output")
     cal.set_defaults(fn=cmd_calibrate)
+    from rkv.placement.cli import register as register_plan
+
+    register_plan(sub)
     return p
 
 

@@ -66,7 +66,9 @@ def _shipped(name: str, quiet: bool = False) -> QualityProfile | None:
     table = getattr(prof, "kl_table", None) or getattr(prof, "kl", None)
     if isinstance(table, dict):
         return QualityProfile({"model": name, "kl": table})
-    return QualityProfile(lambda layer, kind, bits: float(prof.kl(layer, kind, bits)))
+    label = str(getattr(prof, "model", "") or name)
+    return QualityProfile(lambda layer, kind, bits: float(prof.kl(layer, kind, bits)),
+                          model=label)
 
 
 class EnginePlacement:

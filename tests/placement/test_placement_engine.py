@@ -123,3 +123,21 @@ def test_placement_table_is_validated() -> None:
     with pytest.raises(ConfigError, match="placement"):
         EngineConfig(placement={"bogus": 1})
     assert replace(EngineConfig(), placement={}).placement == {}
+
+
+def test_rkv_plan_explains_a_put(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rkv.cli import main
+
+    cfg = tmp_path / "engine.toml"
+    cfg.write_text('chunk_tokens = 256\n[[tiers]]\nname = "dram"\nmedium = "memory"\n'
+                   'fault_model = "raw-ber"\n[placement]\nmax_p_due = 1e-9\n'
+                   'bits = [16, 4]\ncodes = ["none", "rs(255,247)"]\n'
+                   'quality_budget_kl = 0.01\n')
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(cfg), "--tokens", "300", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 chunk(s)" in text and "binding" in text and "SmolLM2" in text
+    plan = json.loads(out.read_text())
+    assert len(plan["blocks"]) == 60 and plan["kl"] <= 0.01
+    assert {b["code"] for b in plan["blocks"]} == {"rs(255,247)"}    # 1e-9 needs the code
+    assert main(["plan", "--model", str(tmp_path / "missing.json")]) == 2

@@ -1,0 +1,71 @@
+"""``rkv plan``: the plan placement makes for a put, explained (per block: tier, bits, code,
+predicted P(DUE) and P(SDC), bytes, expected cost, and why), without writing anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rkv.errors import ConfigError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("plan", help="print the placement plan of a put (tier, bits, code per "
+                                    "block, and why): docs/placement.md",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m",
+                   help="'smollm2-135m', or a JSON file with a ModelSpec")
+    p.add_argument("--tokens", type=int, default=1024, help="tokens in the put")
+    p.add_argument("--config", default=None,
+                   help="engine config TOML with a [placement] table (default: the "
+                        "default tiers and placement defaults)")
+    p.add_argument("--tier", default=None, help="the tier the chunks go to (default: the "
+                                                "first tier)")
+    p.add_argument("--rows", type=int, default=60, help="table rows to print (0: all)")
+    p.add_argument("--json", default=None, help="also write the plan to this file")
+    p.set_defaults(fn=cmd_plan)
+
+
+def _model(name: str) -> Any:
+    from rkv.model import ModelSpec
+
+    if name == "smollm2-135m":
+        from rkv.calibrate import smollm2_spec
+
+        return smollm2_spec()
+    path = Path(name)
+    if not path.exists():
+        raise ConfigError(f"--model: no model {name!r} (use 'smollm2-135m' or a JSON file "
+                          "with a ModelSpec)")
+    try:
+        return ModelSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--model: cannot read {name}: {exc}") from exc
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from rkv.config import EngineConfig
+    from rkv.placement.config import PlacementConfig
+    from rkv.placement.engine_plans import EnginePlacement
+
+    if args.tokens < 1:
+        raise ConfigError("--tokens must be at least 1")
+    cfg = EngineConfig.load(args.config) if args.config else EngineConfig()
+    spec = _model(args.model)
+    tier = args.tier or cfg.tiers[0].name
+    cfg.tier(tier)
+    placement = EnginePlacement(PlacementConfig.from_dict(cfg.placement), cfg.tiers)
+    n = cfg.chunk_tokens
+    tokens = [min(n, args.tokens - s) for s in range(0, args.tokens, n)]
+    planner = placement.planner(spec)
+    plan = planner.plan(placement.blocks(spec, tokens, len(tokens)),
+                        [placement.tier_input(tier)])
+    print(f"plan: {spec.model_id}, {args.tokens} tokens in {len(tokens)} chunk(s) of {n}, "
+          f"tier {tier} ({cfg.tier(tier).fault_model}), {len(plan.blocks)} blocks; "
+          f"profile: {planner.profile.model if planner.profile else 'none (16 bits only)'}")
+    print(plan.table(None if args.rows == 0 else args.rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(plan.to_dict(), indent=2, default=str))
+    return 0
