@@ -443,7 +443,7 @@ class Decisions:
         from rkv.blockcodec import header_stages
         from rkv.model import ModelSpec
 
-        spec_d = self.ix.models(txn).get(meta.fingerprint)
+        spec_d = self.ix.get_model(txn, meta.fingerprint)
         if spec_d is None:
             return self.codecs[tier]
         quant, _ = header_stages(dec.header)

@@ -86,13 +86,9 @@ class Engine:
         #: Test hooks of the mutation protocol (see :mod:`rkv.txn`).
         self.hooks: Hooks = {}
         self._mutator = Mutator(index.env, tiers, self.hooks)
-        self._placement: Any = None
-        if config.placement:
-            from rkv.placement.config import PlacementConfig
-            from rkv.placement.engine_plans import EnginePlacement
+        from rkv.placement.engine_plans import EnginePlacement
 
-            self._placement = EnginePlacement(PlacementConfig.from_dict(config.placement),
-                                              config.tiers)
+        self._placement = EnginePlacement.for_engine(config)
         self._decide = Decisions(index, tiers, config, self._codecs, self._placement)
         self._reads = ReadPath(index, tiers)
         self.dropped_at_open = 0

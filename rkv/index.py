@@ -273,6 +273,14 @@ class Index:
             pass  # rewrite a damaged entry with the caller's (identical by fingerprint) spec
         self._put(txn, self._models, fingerprint, spec_json)
 
+    def get_model(self, txn: Any, fingerprint: bytes) -> dict[str, Any] | None:
+        """The model spec stored under ``fingerprint`` (None: none, or a damaged entry)."""
+        try:
+            v = self._get(txn, self._models, fingerprint, "model")
+            return None if v is None else json.loads(v)  # type: ignore[no-any-return]
+        except (CorruptStoreError, ValueError):
+            return None
+
     def models(self, txn: Any) -> dict[bytes, dict[str, Any] | None]:
         """Model specs by fingerprint; None for an entry that is damaged."""
         out: dict[bytes, dict[str, Any] | None] = {}

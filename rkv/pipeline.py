@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from rkv.ecc.base import Codec
     from rkv.quant import Quantizer
 
-_NONE = ("none", "fp16", "16", "")
-
-
 @dataclass(frozen=True)
 class Pipeline:
     """Quantizer (``None``: values as they are), then code (``None``: raw payload, rkv's
@@ -45,8 +42,7 @@ class Pipeline:
     @classmethod
     def parse(cls, quant: str = "none", ecc: str = "none") -> Pipeline:
         """From a tier's ``quant`` and ``ecc`` specs (``ConfigError`` on a bad spec)."""
-        return _parse(quant.strip().lower() if quant.strip().lower() in _NONE else quant,
-                      ecc.strip().lower() if ecc.strip().lower() in _NONE else ecc)
+        return _parse(quant, ecc)
 
     @property
     def bits(self) -> int:

@@ -155,4 +155,3 @@ class ReadPath:
             )
         corrected = read_block(dec, dest, erased)
         return dec.header_repairs, corrected
-

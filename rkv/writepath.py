@@ -28,7 +28,6 @@ from rkv.model import ModelSpec
 from rkv.pipeline import Pipeline
 from rkv.record import RecordHeader
 from rkv.results import PutResult
-from rkv.tensors import numpy_dtype
 from rkv.txn import Pending
 
 if TYPE_CHECKING:
@@ -47,44 +46,40 @@ class Scratch:
         return self._buf[:n]
 
 
-def quant_for(quant: Any, header: RecordHeader) -> Any:
-    """The tier's quantizer, unless it would not shrink this block (a short tail chunk,
-    whose per-group metadata outweighs its values): then the values are stored as they
-    are. Every record says which way it went."""
-    if quant is None:
-        return None
-    raw = int(np.prod(header.shape)) * numpy_dtype(header.dtype).itemsize
-    return quant if quant.encoded_size(header.shape, header.dtype) < raw else None
-
-
 class Planned:
-    """Placement's per-block pipelines for one put, planned per tier when first asked."""
+    """The pipelines of one put's blocks, per tier and chunk, sized once: the tier's own
+    quantizer and code, or with placement what the plan for that tier chose per block."""
 
     def __init__(self, engine: Engine, plan: PutPlan) -> None:
-        self.on = engine._placement is not None
         self._engine, self._plan = engine, plan
-        self._by_tier: dict[str, list[list[Pipeline]]] = {}
-        self._sizes: dict[str, list[list[int]]] = {}
+        self._pipes: dict[tuple[str, int], list[Pipeline]] = {}
+        self._sizes: dict[tuple[str, int], list[int]] = {}
 
     def pipes(self, tier: str, chunk: int) -> list[Pipeline]:
-        if tier not in self._by_tier:
-            p = self._plan
-            tokens = [e - s for s, e in p.bounds]
-            self._by_tier[tier] = self._engine._placement.put_plan(
-                p.spec, tokens, len(tokens), tier)
-            spec = p.spec
-            self._sizes[tier] = [
-                [pipe.for_block(spec.block_shape(n), spec.dtype).record_bytes(
-                    spec.block_shape(n), spec.dtype) for pipe in chunk_pipes]
-                for n, chunk_pipes in zip(tokens, self._by_tier[tier], strict=True)]
-            self._by_tier[tier] = [
-                [pipe.for_block(spec.block_shape(n), spec.dtype) for pipe in chunk_pipes]
-                for n, chunk_pipes in zip(tokens, self._by_tier[tier], strict=True)]
-        return self._by_tier[tier][chunk]
+        key = (tier, chunk)
+        if key not in self._pipes:
+            self._fill(tier, chunk)
+        return self._pipes[key]
 
     def sizes(self, tier: str, chunk: int) -> list[int]:
         self.pipes(tier, chunk)
-        return self._sizes[tier][chunk]
+        return self._sizes[tier, chunk]
+
+    def _fill(self, tier: str, chunk: int) -> None:
+        engine, spec = self._engine, self._plan.spec
+        tokens = [e - s for s, e in self._plan.bounds]
+        if engine._placement is not None:     # one plan per tier covers the whole put
+            chunks = list(enumerate(engine._placement.put_plan(spec, tokens, len(tokens),
+                                                               tier)))
+        else:                                 # the same for every chunk of n tokens
+            one = Pipeline(engine._quants[tier], engine._codecs[tier])
+            same = [c for c, n in enumerate(tokens) if n == tokens[chunk]]
+            chunks = [(c, [one] * spec.n_layers) for c in same]
+        for c, pipes in chunks:
+            shape = spec.block_shape(tokens[c])
+            fitted = [p.for_block(shape, spec.dtype) for p in pipes]
+            self._pipes[tier, c] = fitted
+            self._sizes[tier, c] = [p.record_bytes(shape, spec.dtype) for p in fitted]
 
 
 @dataclass
@@ -112,7 +107,6 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     per_tier: Counter[str] = Counter()
     written = deduped = blocks = nbytes = refused = 0
     scratch = Scratch()
-    sizes: dict[tuple[str, int], int] = {}     # chunk bytes per (tier, tokens)
     planned = Planned(engine, plan)
     for i, key in enumerate(keys):
         mine.add(key)
@@ -129,16 +123,8 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                               shape=spec.block_shape(end - start), dtype=spec.dtype,
                               data_len=0, payload_len=0)
 
-        def chunk_size(tier: str, header: RecordHeader = header, n: int = end - start,
-                       i: int = i) -> int:
-            if planned.on:
-                return sum(planned.sizes(tier, i))
-            size = sizes.get((tier, n))
-            if size is None:   # the same for every chunk of n tokens: sized once per put
-                pipe = Pipeline(quant_for(engine._quants[tier], header), engine._codecs[tier])
-                size = sizes[tier, n] = pipe.record_bytes(header.shape,
-                                                          header.dtype) * spec.n_layers
-            return size
+        def chunk_size(tier: str, i: int = i) -> int:
+            return sum(planned.sizes(tier, i))
 
         item = Item(key, size=chunk_size(decide.order[0]), group=fp, depth=i,
                     parent=keys[i - 1] if i else None,
@@ -148,12 +134,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
         if tier is None:
             refused += 1
             continue
-        if planned.on:
-            pipes, layer_sizes = planned.pipes(tier, i), planned.sizes(tier, i)
-        else:
-            one = Pipeline(quant_for(engine._quants[tier], header), engine._codecs[tier])
-            pipes = [one] * spec.n_layers
-            layer_sizes = [chunk_size(tier) // spec.n_layers] * spec.n_layers
+        pipes, layer_sizes = planned.pipes(tier, i), planned.sizes(tier, i)
         for layer in range(spec.n_layers):
             # Encoded at write time (raw blocks into one reused buffer: LMDB copies each
             # record, so no block needs a buffer of its own).

@@ -25,7 +25,7 @@ from rkv.placement.planner import Planner
 from rkv.placement.profile import QualityProfile
 
 if TYPE_CHECKING:
-    from rkv.config import TierConfig
+    from rkv.config import EngineConfig, TierConfig
     from rkv.model import ModelSpec
 
 #: Free capacity the planner sees: the decision site makes room (evicts or demotes) for
@@ -79,6 +79,14 @@ class EnginePlacement:
         self.tiers = {t.name: t for t in tiers}
         self._planners: dict[bytes, Planner] = {}
         self._fixed: dict[tuple[bytes, int], Planner] = {}
+        self._moves: dict[tuple[Any, ...], Pipeline] = {}
+
+    @classmethod
+    def for_engine(cls, config: EngineConfig) -> EnginePlacement | None:
+        """The placement of an engine config (None: its ``placement`` table is empty)."""
+        if not config.placement:
+            return None
+        return cls(PlacementConfig.from_dict(config.placement), config.tiers)
 
     def planner(self, spec: ModelSpec) -> Planner:
         fp = spec.fingerprint()
@@ -117,24 +125,20 @@ class EnginePlacement:
                       bits: int, tier: str) -> Pipeline:
         """The pipeline for one block moving to ``tier``: its bits kept (demotion never
         re-quantizes), the code re-planned for the new tier's fault model."""
+        # With the bits fixed the layer's quality does not enter: one plan per shape,
+        # position and tier serves every layer of every chunk that moves there.
+        fp = spec.fingerprint()
+        move = (fp, tokens, pos, bits, tier)
+        hit = self._moves.get(move)
+        if hit is not None:
+            return hit
         planner = self.planner(spec)
-        key = (spec.fingerprint(), bits)
-        one = self._fixed.get(key)
+        one = self._fixed.get((fp, bits))
         if one is None:
-            one = self._fixed[key] = Planner(replace(planner.config, bits=(bits,)),
-                                             planner.profile, planner.cache)
+            one = self._fixed[fp, bits] = Planner(replace(planner.config, bits=(bits,)),
+                                                  planner.profile, planner.cache)
         block = BlockInput(layer, "kv", pos, tokens, self.cfg.residency_hours, self.cfg.reuse,
                            spec.n_kv_heads, spec.head_dim, spec.dtype, pos + 1)
         b = one.plan([block], [self.tier_input(tier)]).blocks[0]
-        return Pipeline.parse(quant_spec(b.bits), b.code)
-
-
-def as_placement(value: Any) -> PlacementConfig | None:
-    """An ``EngineConfig.placement`` value: None, a table, or a path to a TOML file."""
-    if value is None or value == "" or value == {}:
-        return None
-    if isinstance(value, PlacementConfig):
-        return value
-    if isinstance(value, str):
-        return PlacementConfig.load(value)
-    return PlacementConfig.from_dict(value)
+        hit = self._moves[move] = Pipeline.parse(quant_spec(b.bits), b.code)
+        return hit

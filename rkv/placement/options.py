@@ -130,17 +130,13 @@ def data_bytes(b: BlockInput, bits: int) -> int:
 
 def record_bytes(b: BlockInput, bits: int, code: str) -> int:
     """Bytes of the record the engine writes (framing, header copies, codec parity)."""
-    from rkv.blockcodec import codec_for, quantizer_for, record_size
-    from rkv.record import RecordHeader
+    from rkv.pipeline import Pipeline
 
-    shape = (2, b.tokens, b.kv_heads, b.head_dim)
-    header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16), shape=shape,
-                          dtype=b.dtype, data_len=0, payload_len=0)
-    codec = codec_for(code)
     if b.kind == "kv":
-        q = quantizer_for(f"kivi(bits={bits})") if bits < 16 else None
-        return record_size(header, data_bytes(b, 16), codec, q)
-    return record_size(header, data_bytes(b, bits), codec)
+        shape = (2, b.tokens, b.kv_heads, b.head_dim)
+        pipe = Pipeline.parse(f"kivi(bits={bits})" if bits < 16 else "none", code)
+        return pipe.for_block(shape, b.dtype).record_bytes(shape, b.dtype)
+    return Pipeline.parse("none", code).record_bytes_for(data_bytes(b, bits))
 
 
 def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[Any],
