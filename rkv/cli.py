@@ -31,6 +31,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {name:<6} {t['medium']:<7} {t['blocks']:>8} {human_bytes(t['bytes']):>11} "
               f"{human_bytes(t['capacity_bytes']):>11} {t['ecc']:<18} {t['fault_model']:<12} "
               f"{t['path']}")
+    from rkv.storemix import mix_table
+    print(mix_table(st["tiers"]), end="")
     print("models:")
     for m in st["models"]:
         print(f"  {m['fingerprint']}  {m['model_id']} {m['dtype']} layers={m['n_layers']} "

@@ -36,12 +36,10 @@ from typing import Any
 
 from policies import make_admission, make_policy, make_prefetch, split_spec
 from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Reason
-from rkv.blockcodec import reencode
 from rkv.config import EngineConfig
-from rkv.errors import ConfigError, IntegrityError, TierFullError
+from rkv.errors import IntegrityError, TierFullError
 from rkv.index import ChunkMeta, Index
 from rkv.keys import block_key
-from rkv.record import decode_record
 from rkv.tiers import Tier
 from rkv.txn import Pending
 
@@ -104,6 +102,8 @@ class Decisions:
         #: Plans a moving block's code for its new tier (None: the tier's codec).
         self.placement = placement
         self.fallbacks = 0
+        self.lossy = 0                 # blocks re-quantized to fewer bits by a demotion
+        self.lossy_plans: Any = None   # rkv.placement.demotion.LossyPlans, when needed
         self.order = [t.name for t in config.tiers]
         self.caps = {t.name: t.capacity_bytes for t in config.tiers}
         self.policies: dict[str, EvictionPolicy] = {}
@@ -385,15 +385,18 @@ class Decisions:
                               stats):
             return False
         meta = self.ix.read_chunk(txn, key) or meta   # making room may not touch it, but be sure
+        from rkv.placement.demotion import Transcode  # (lazy: placement is optional)
+
         blocks, moved = [], []
+        pipes = [meta.pipe(layer) for layer in range(len(meta.blocks))]
+        xform = Transcode(self, dst, stats, txn, key, meta, reason is Reason.DEMOTED)
         try:
             for layer, (tier, size) in enumerate(meta.blocks):
                 if tier == src:
                     bkey = block_key(key, layer)
-                    new_size = pending.move(bkey, src, dst,
-                                            self._transcoder(dst, stats, (txn, meta)))
+                    new_size = pending.move(bkey, src, dst, xform)
                     moved.append(bkey)
-                    tier, size = dst, new_size
+                    tier, size, pipes[layer] = dst, new_size, xform.label
                 blocks.append((tier, size))
         except IntegrityError as exc:
             # A record that cannot be read (missing, damaged page) makes the chunk useless:
@@ -405,7 +408,7 @@ class Decisions:
             self.removed(key, Reason.UNCORRECTABLE)
             stats["dropped_damaged"] += 1
             return True
-        new = meta.with_(blocks=tuple(blocks))
+        new = meta.with_(blocks=tuple(blocks), pipes=tuple(pipes))
         self.ix.put_chunk(txn, key, new, meta)
         self.policies[src].on_remove(key, reason)
         if key in self.policies[dst]:
@@ -413,49 +416,3 @@ class Decisions:
         self.policies[dst].on_insert(item_for(key, new, dst), time.time())
         stats["demoted" if reason is Reason.DEMOTED else "promoted"] += 1
         return True
-
-    def _transcoder(self, tier: str, stats: Counter[str], where: tuple[Any, ChunkMeta] | None
-                    = None) -> Callable[[Any, tuple[tuple[int, int], ...]], Any]:
-        """Re-encode a moving record with ``tier``'s codec, or the code placement plans for
-        it there (``where``: the chunk's transaction and entry), using the erasures its
-        medium reported. A record that fails verification moves unchanged, so its reads
-        still report it (never silently "repaired")."""
-        codec = self.codecs[tier]
-
-        def transform(record: Any, erased: tuple[tuple[int, int], ...] = ()) -> Any:
-            try:
-                dec = decode_record(record)
-                target = codec
-                if self.placement is not None and where is not None:
-                    target = self._planned_codec(dec, tier, *where)
-                out = reencode(record, dec, target, erased)
-            except IntegrityError:
-                stats["moved_corrupt"] += 1
-                return record
-            if out is not record:
-                stats["reencoded"] += 1
-            return out
-
-        return transform
-
-    def _planned_codec(self, dec: Any, tier: str, txn: Any, meta: ChunkMeta) -> Any:
-        """The code placement plans for a block moving to ``tier`` (its bits kept)."""
-        from rkv.blockcodec import header_stages
-        from rkv.model import ModelSpec
-
-        spec_d = self.ix.get_model(txn, meta.fingerprint)
-        if spec_d is None:
-            return self.codecs[tier]
-        quant, _ = header_stages(dec.header)
-        h = dec.header
-        try:
-            pipe = self.placement.demotion_code(ModelSpec.from_dict(spec_d), h.layer,
-                                                h.shape[1], meta.pos,
-                                                16 if quant is None else quant.bits, tier)
-        except ConfigError as exc:
-            # No code there meets the targets: the tier's own code, counted and logged
-            # (stats()["session"]["placement_fallbacks"]), rather than a failed put.
-            log.warning("placement: %s; block moves with tier %s's code", exc, tier)
-            self.fallbacks += 1
-            return self.codecs[tier]
-        return pipe.codec

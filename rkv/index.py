@@ -2,7 +2,9 @@
 
 One LMDB environment at ``<store>/index`` with named databases:
 
-* ``chunks``: chunk key (32 bytes) -> :class:`ChunkMeta` as JSON;
+* ``chunks``: chunk key (32 bytes) -> :class:`ChunkMeta` as JSON (since the stored mix,
+  with an optional per-layer pipeline label, ``"<bits>/<code>"``: entries without it load
+  with the labels unknown, so the format number did not change);
 * ``kids``: ``parent key | child key`` -> empty, so a chunk's children can be listed (and a
   chunk is a leaf when it has none);
 * ``lru``: unused since format 3 (format 2 kept an access-ordered row per chunk and tier here;
@@ -26,6 +28,7 @@ transaction (and the store's writer lock, see :mod:`rkv.txn`), so no update is l
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,6 +47,44 @@ MODELS = b"models"
 META = b"meta"
 _DBS = (CHUNKS, KIDS, LRU, MODELS, META)
 INDEX_MAP_BYTES = 64 << 30
+#: A block's pipeline as the index records it: ``"<bits>/<code spec>"``, e.g.
+#: ``"4/rs(n=255,k=239,interleave=1)"`` or ``"16/none"`` (a summary for accounting; the
+#: record header is the authority on what a record holds).
+_LABEL = re.compile(r"(?:[1-9]|1[0-6])/[a-z][a-z0-9_]*(?:\([A-Za-z0-9_=,.()+ -]*\))?")
+_LABEL_MAX = 160
+
+
+def pipe_label(bits: int, code: str) -> str:
+    """The index label of a block stored at ``bits`` bits with code ``code``."""
+    return f"{int(bits)}/{code}"
+
+
+def label_parts(label: str) -> tuple[int, str]:
+    """(bits, code) of a label :func:`pipe_label` made."""
+    bits, code = label.split("/", 1)
+    return int(bits), code
+
+
+def _labels(raw: Any, n_blocks: int) -> tuple[str, ...]:
+    """The per-layer labels of an entry's ``q`` field (``{"p": palette, "l": indices}``,
+    -1 for a layer whose pipeline is unknown); CorruptStoreError for anything malformed."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or set(raw) != {"p", "l"}:
+        raise CorruptStoreError("corrupt index entry: pipeline labels are malformed")
+    pal, idx = raw["p"], raw["l"]
+    if not (isinstance(pal, list) and isinstance(idx, list) and len(idx) == n_blocks
+            and len(pal) <= n_blocks):
+        raise CorruptStoreError("corrupt index entry: pipeline labels do not match its blocks")
+    for lab in pal:
+        if not (isinstance(lab, str) and len(lab) <= _LABEL_MAX and _LABEL.fullmatch(lab)):
+            raise CorruptStoreError(f"corrupt index entry: bad pipeline label {lab!r:.80}")
+    out = []
+    for i in idx:
+        if type(i) is not int or not -1 <= i < len(pal):
+            raise CorruptStoreError("corrupt index entry: pipeline label index out of range")
+        out.append("" if i < 0 else pal[i])
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -58,6 +99,17 @@ class ChunkMeta:
     end: bool = False             # some stored sequence ends here
     pins: int = 0
     at: int = 0                   # last access, ns since the epoch
+    #: Per layer, the block's pipeline label (:func:`pipe_label`); "" where unknown, and
+    #: () when no layer's is known (entries written before labels existed).
+    pipes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.pipes and not any(self.pipes):
+            object.__setattr__(self, "pipes", ())
+
+    def pipe(self, layer: int) -> str:
+        """Layer ``layer``'s pipeline label, "" when unknown."""
+        return self.pipes[layer] if layer < len(self.pipes) else ""
 
     @property
     def nbytes(self) -> int:
@@ -70,12 +122,16 @@ class ChunkMeta:
         return sum(size for t, size in self.blocks if t == tier)
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {"p": self.parent.hex(), "i": self.pos, "n": self.n_tokens,
-             "fp": self.fingerprint.hex(), "b": [list(b) for b in self.blocks],
-             "e": self.end, "pin": self.pins, "at": self.at},
-            separators=(",", ":"),
-        ).encode()
+        d: dict[str, Any] = {
+            "p": self.parent.hex(), "i": self.pos, "n": self.n_tokens,
+            "fp": self.fingerprint.hex(), "b": [list(b) for b in self.blocks],
+            "e": self.end, "pin": self.pins, "at": self.at}
+        if self.pipes:
+            pal = sorted({lab for lab in self.pipes if lab})
+            at = {lab: i for i, lab in enumerate(pal)}
+            d["q"] = {"p": pal, "l": [at.get(self.pipe(i), -1)
+                                      for i in range(len(self.blocks))]}
+        return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: Any) -> ChunkMeta:
@@ -87,14 +143,22 @@ class ChunkMeta:
                 blocks=tuple((str(t), int(s)) for t, s in d["b"]),
                 end=bool(d["e"]), pins=int(d["pin"]), at=int(d["at"]),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+            pipes = _labels(d.get("q"), len(meta.blocks))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStoreError(f"corrupt index entry: {exc}") from exc
         if meta.n_tokens < 1 or meta.pins < 0 or meta.at < 0 or len(meta.fingerprint) != 16 \
                 or any(s < 0 for _, s in meta.blocks) or len(meta.parent) not in (0, 32):
             raise CorruptStoreError("corrupt index entry: values out of range")
-        return meta
+        return replace(meta, pipes=pipes) if pipes else meta
 
     def with_(self, **changes: Any) -> ChunkMeta:
+        """A copy with ``changes``. New ``blocks`` without new ``pipes`` forget the labels of
+        the layers whose block changed (never a stale label)."""
+        blocks = changes.get("blocks")
+        if blocks is not None and "pipes" not in changes and self.pipes:
+            changes["pipes"] = tuple(
+                self.pipe(i) if i < len(self.blocks) and self.blocks[i] == b else ""
+                for i, b in enumerate(blocks))
         return replace(self, **changes)
 
 

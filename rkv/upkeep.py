@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rkv.blockcodec import reencode
+from rkv.blockcodec import header_stages, reencode
 from rkv.decisions import free_chunk
 from rkv.errors import (
     ConfigError,
@@ -35,6 +35,7 @@ from rkv.results import (
     UNCORRECTABLE,
     VerifyReport,
 )
+from rkv.storemix import Mix, stages_label
 from rkv.txn import Pending
 
 if TYPE_CHECKING:
@@ -209,7 +210,8 @@ def _reclaim(engine: Engine, txn: Any, pending: Pending) -> tuple[int, bool]:
 
 def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
     """Rewrite blocks that needed correction, from their stored record: verified, corrected
-    and re-encoded with their tier's ECC (quantized values are kept, never re-quantized)."""
+    and re-encoded (quantized values are kept, never re-quantized) with their tier's ECC,
+    or with placement the code the record has (it was planned for this tier)."""
     ix = engine._index
 
     def fn(txn: Any, pending: Pending) -> int:
@@ -223,16 +225,24 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
                 record, erased = engine._tiers[tier].fetch(bkey)
                 if record is None:
                     continue
-                rec = reencode(record, decode_record(record), engine._codecs[tier], erased)
+                dec = decode_record(record)
+                quant, codec = header_stages(dec.header)
+                if engine._placement is None:
+                    codec = engine._codecs[tier]
+                rec = reencode(record, dec, codec, erased)
             except IntegrityError:
                 continue  # no longer correctable (or unreadable): reads keep reporting it
             size = memoryview(rec).nbytes
-            old = meta.blocks[layer][1]
-            if size != old:
-                engine._decide.invalidate()   # a policy's idea of the chunk's size changed
+            label = stages_label(quant, codec)
+            if size != meta.blocks[layer][1] or label != meta.pipe(layer):
+                if size != meta.blocks[layer][1]:
+                    engine._decide.invalidate()   # a policy's idea of the chunk's size changed
                 blocks = list(meta.blocks)
                 blocks[layer] = (tier, size)
-                ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
+                pipes = [meta.pipe(i) for i in range(len(blocks))]
+                pipes[layer] = label
+                ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks), pipes=tuple(pipes)),
+                             meta)
             pending.write(tier, bkey, rec, size)
             done += 1
         return done
@@ -244,6 +254,7 @@ def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
     """Store contents, tier usage and ``session`` counters (see :meth:`Engine.stats`)."""
     ix = engine._index
     chunks = pinned = tokens = unreadable = shared = 0
+    mix = Mix()
     with ix.env.read() as txn:
         usage = ix.usage(txn)
         models = ix.models(txn)
@@ -255,6 +266,7 @@ def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
                 continue
             pinned += m.pins > 0
             tokens += m.n_tokens
+            mix.add(m)
             shared += kids.get(key, 0) + int(m.end) > 1
     tiers = {}
     for name in engine._order:
@@ -262,8 +274,11 @@ def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
         tiers[name] = {
             "medium": tc.medium, "blocks": usage.blocks(name), "bytes": usage.bytes(name),
             "capacity_bytes": tc.capacity_bytes, "fault_model": tc.fault_model,
-            "ecc": tc.ecc, **engine._tiers[name].stats(),
+            "ecc": tc.ecc, **engine._tiers[name].stats(), "mix": mix.tier(name),
         }
+    if engine._placement is not None:
+        session = {**session, "lossy_demotions": engine._decide.lossy,
+                   "placement_fallbacks": engine._decide.fallbacks}
     return {
         "path": str(engine.root),
         "store_id": engine.identity.id,

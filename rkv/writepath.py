@@ -28,6 +28,7 @@ from rkv.model import ModelSpec
 from rkv.pipeline import Pipeline
 from rkv.record import RecordHeader
 from rkv.results import PutResult
+from rkv.storemix import pipeline_label
 from rkv.txn import Pending
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
         meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
                          fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,
                                                           layer_sizes, strict=True)),
-                         at=now_ns)
+                         at=now_ns, pipes=tuple(pipeline_label(p) for p in pipes))
         ix.put_chunk(txn, key, meta, None)
         decide.inserted(key, meta, tier, now)
         written += 1
