@@ -5,8 +5,8 @@ The engine's decision site (:mod:`rkv.decisions`) still decides which tier a chu
 that tier is planned: for the tier a put's chunks are offered, the planner chooses each block's
 bit-width and code under the targets (P(SDC), P(DUE) per block, the put's KL budget), so
 ``chunk_size(tier)`` and the records written agree with the plan. A demotion re-plans the
-block's code for the destination tier and keeps its bits (``lossy_demotion``, re-quantizing
-on the way down, is not implemented yet).
+block's code for the destination tier and keeps its bits; with ``lossy_demotion`` it may
+take fewer bits within the quality budget (:mod:`rkv.placement.demotion`).
 
 Profiles: ``PlacementConfig.profile`` (a path, or a shipped profile name); empty means the
 shipped profile whose fingerprint matches the model, if any; without a profile only 16 bits
@@ -123,8 +123,8 @@ class EnginePlacement:
 
     def demotion_code(self, spec: ModelSpec, layer: int, tokens: int, pos: int,
                       bits: int, tier: str) -> Pipeline:
-        """The pipeline for one block moving to ``tier``: its bits kept (demotion never
-        re-quantizes), the code re-planned for the new tier's fault model."""
+        """The pipeline for one block moving to ``tier``: its bits kept, the code re-planned
+        for the new tier's fault model (fewer bits: :mod:`rkv.placement.demotion`)."""
         # With the bits fixed the layer's quality does not enter: one plan per shape,
         # position and tier serves every layer of every chunk that moves there.
         fp = spec.fingerprint()
