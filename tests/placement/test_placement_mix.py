@@ -197,3 +197,24 @@ def test_rkv_info_prints_the_mix(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["info", str(tmp_path / "s"), "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
     assert sum(r["blocks"] for r in st["tiers"]["dram"]["mix"].values()) == 8
+
+
+@pytest.mark.parametrize("name", ["store_v1", "store_v2"])
+def test_golden_stores_show_their_blocks_as_unknown(tmp_path: Path, name: str) -> None:
+    """Stores written by earlier releases (no labels): every block counts as unknown, the
+    mix adds up to the usage, and a migrated store still does."""
+    import tarfile
+
+    golden = Path(__file__).parent.parent / "golden" / f"{name}.tar.gz"
+    with tarfile.open(golden) as tar:
+        tar.extractall(tmp_path, filter="data")
+    path = next(p for p in tmp_path.iterdir() if (p / "index").is_dir())
+    for readonly in (True, False):
+        with Engine.open(path, readonly=readonly) as e:
+            st = e.stats()
+            used = {n: t for n, t in st["tiers"].items() if t["blocks"]}
+            assert used
+            for t in used.values():
+                assert list(t["mix"]) == ["unknown"]
+                assert t["mix"]["unknown"]["blocks"] == t["blocks"]
+                assert t["mix"]["unknown"]["bytes"] == t["bytes"]
