@@ -15,12 +15,14 @@ are planned (lossless), never a silent guess at quality.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rkv.errors import ConfigError
 from rkv.pipeline import Pipeline
 from rkv.placement.config import BlockInput, PlacementConfig, TierInput
+from rkv.placement.options import LRU
 from rkv.placement.planner import Planner
 from rkv.placement.profile import QualityProfile
 
@@ -72,7 +74,11 @@ def _shipped(name: str, quiet: bool = False) -> QualityProfile | None:
 
 
 class EnginePlacement:
-    """Plans for one engine: its tiers and placement config (one planner, caches shared)."""
+    """Plans for one engine: its tiers and placement config (one planner, caches shared).
+
+    ``timing``: what planning has cost this engine, for benchmarks and ``stats``: ``plans``
+    (puts planned), ``plan_us`` (their total time, from the put's blocks to its pipelines),
+    ``last_plan_us``, and ``solve_us`` (the planner's own time, :attr:`Plan.plan_us`)."""
 
     def __init__(self, cfg: PlacementConfig, tiers: tuple[TierConfig, ...]) -> None:
         self.cfg = cfg
@@ -80,6 +86,11 @@ class EnginePlacement:
         self._planners: dict[bytes, Planner] = {}
         self._fixed: dict[tuple[bytes, int], Planner] = {}
         self._moves: dict[tuple[Any, ...], Pipeline] = {}
+        self._blocks = LRU(64)
+        self._tier_inputs: dict[str, TierInput] = {}
+        self._pipes: dict[tuple[int, str], Pipeline] = {}
+        self.timing: dict[str, float] = {"plans": 0, "plan_us": 0.0, "last_plan_us": 0.0,
+                                         "solve_us": 0.0}
 
     @classmethod
     def for_engine(cls, config: EngineConfig) -> EnginePlacement | None:
@@ -100,26 +111,50 @@ class EnginePlacement:
         return p
 
     def tier_input(self, name: str) -> TierInput:
-        t = self.tiers[name]
-        return TierInput(name, t.fault_model, _UNBOUNDED, t.read_gbps, t.latency_us)
+        hit = self._tier_inputs.get(name)
+        if hit is None:
+            t = self.tiers[name]
+            hit = self._tier_inputs[name] = TierInput(name, t.fault_model, _UNBOUNDED,
+                                                      t.read_gbps, t.latency_us)
+        return hit
 
     def blocks(self, spec: ModelSpec, tokens: list[int], n_chunks: int) -> list[BlockInput]:
-        """One block per (chunk, layer), K and V together as the record stores them."""
-        cfg = self.cfg
-        return [BlockInput(layer, "kv", i, n, cfg.residency_hours, cfg.reuse, spec.n_kv_heads,
-                           spec.head_dim, spec.dtype, n_chunks)
-                for i, n in enumerate(tokens) for layer in range(spec.n_layers)]
+        """One block per (chunk, layer), K and V together as the record stores them (the
+        same list for a put of the same model and chunk lengths)."""
+        key = (spec.fingerprint(), tuple(tokens), n_chunks)
+        hit: list[BlockInput] | None = self._blocks.lookup(key)
+        if hit is None:
+            cfg = self.cfg
+            hit = [BlockInput(layer, "kv", i, n, cfg.residency_hours, cfg.reuse,
+                              spec.n_kv_heads, spec.head_dim, spec.dtype, n_chunks)
+                   for i, n in enumerate(tokens) for layer in range(spec.n_layers)]
+            self._blocks.store(key, hit)
+        return hit
 
     def put_plan(self, spec: ModelSpec, tokens: list[int], n_chunks: int,
                  tier: str) -> list[list[Pipeline]]:
         """Per chunk, per layer, the pipeline planned for ``tier`` (raises
         :class:`~rkv.placement.InfeasiblePlanError` when the targets cannot be met there)."""
+        t0 = time.perf_counter()
         plan = self.planner(spec).plan(self.blocks(spec, tokens, n_chunks),
                                        [self.tier_input(tier)])
-        out: list[list[Pipeline]] = [[] for _ in tokens]
-        for b in plan.blocks:
-            out[b.chunk].append(Pipeline.parse(quant_spec(b.bits), b.code))
+        pipes = [self._pipe(b, c) for b, c in zip(plan.block_bits, plan.block_code,
+                                                  strict=True)]
+        layers = spec.n_layers
+        out = [pipes[i * layers:(i + 1) * layers] for i in range(len(tokens))]
+        took = 1e6 * (time.perf_counter() - t0)
+        timing = self.timing
+        timing["plans"] += 1
+        timing["plan_us"] += took
+        timing["last_plan_us"] = took
+        timing["solve_us"] += plan.plan_us
         return out
+
+    def _pipe(self, bits: int, code: str) -> Pipeline:
+        hit = self._pipes.get((bits, code))
+        if hit is None:
+            hit = self._pipes[bits, code] = Pipeline.parse(quant_spec(bits), code)
+        return hit
 
     def demotion_code(self, spec: ModelSpec, layer: int, tokens: int, pos: int,
                       bits: int, tier: str) -> Pipeline:

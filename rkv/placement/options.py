@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,48 @@ def resolve_model(spec: Any) -> Any:
 def model_key(model: Any) -> str:
     """The model's parameters as canonical JSON: equal models share cache entries."""
     return json.dumps(model.params(), sort_keys=True, default=str)
+
+
+class ModelCache:
+    """``resolve_model`` and ``model_key`` per fault-model spec: a preset name or a dict is
+    resolved once (a preset is parsed from its TOML file, milliseconds); a model object is
+    keyed by its parameters on every call, so a changed model is never served stale."""
+
+    def __init__(self) -> None:
+        self._d: dict[str, tuple[Any, str]] = {}
+
+    def get(self, spec: Any) -> tuple[Any, str]:
+        if isinstance(spec, str):
+            key = "s:" + spec
+        elif isinstance(spec, Mapping):
+            key = "d:" + json.dumps(spec, sort_keys=True, default=str)
+        else:
+            model = resolve_model(spec)
+            return model, model_key(model)
+        hit = self._d.get(key)
+        if hit is None:
+            model = resolve_model(spec)
+            hit = self._d[key] = (model, model_key(model))
+        return hit
+
+
+class LRU(OrderedDict[Any, Any]):
+    """A dict that keeps its ``size`` most recently used entries."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def lookup(self, key: Any) -> Any:
+        hit = self.get(key)
+        if hit is not None:
+            self.move_to_end(key)
+        return hit
+
+    def store(self, key: Any, value: Any) -> None:
+        self[key] = value
+        if len(self) > self.size:
+            self.popitem(last=False)
 
 
 def _predict_job(args: tuple[str, int, dict[str, Any], float]) -> tuple[float, float]:
@@ -179,22 +222,71 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
                     t.read_us, t.cap_cost, t.meets, kept)
 
 
-def recompute_costs(blocks: Sequence[BlockInput], cfg: PlacementConfig) -> F64:
-    """Per block: the recompute cost of its chunk and every later chunk of the prefix (what a
-    DUE there costs: the read stops at the first bad chunk)."""
-    tokens: dict[int, int] = {}
-    for b in blocks:
-        tokens[b.chunk] = max(tokens.get(b.chunk, 0), b.tokens)
-    default_tokens = max(tokens.values()) if tokens else 0
-    last = max(tokens) if tokens else 0
-    memo: dict[tuple[int, int], float] = {}
-    out = np.empty(len(blocks))
-    for i, b in enumerate(blocks):
-        n = b.n_chunks if b.n_chunks is not None else last + 1
-        key = (b.chunk, n)
-        v = memo.get(key)
-        if v is None:
-            v = memo[key] = math.fsum(cfg.recompute_us(tokens.get(c, default_tokens))
-                                      for c in range(b.chunk, n))
-        out[i] = v
-    return out
+@dataclass
+class Table:
+    """What a put's option table takes from the blocks' shapes, layers and kinds, the tiers
+    (fault models, bandwidth, latency), the config and the profile: built once per put shape
+    and reused (see :class:`rkv.placement.Planner`). Per block and column (the template
+    options some block may take): read cost per expected read, P(DUE), capacity cost, whether
+    offered, KL, record bytes and tier. Only reuse, the recompute cost (chunk position) and
+    the tiers' free capacity change from put to put. ``start``: the multipliers of the last
+    plan of this shape, where the next one's search begins (a warm start)."""
+
+    templates: tuple[Template, ...]
+    cls: I64
+    cols: I64
+    tokens: I64
+    read_us: F64
+    p_due: F64
+    cap_cost: F64
+    kept: npt.NDArray[np.bool_]
+    kl: F64
+    nbytes: F64
+    tier: I64
+    start: F64 | None = None
+
+    def cost(self, reuse: F64, recompute: F64) -> F64:
+        """Expected cost of every (block, column); ``inf`` where not offered."""
+        full = reuse[:, None] * self.read_us + self.p_due * recompute[:, None] + self.cap_cost
+        return np.where(self.kept, full, np.inf)
+
+    def full_cost(self, reuse: F64, recompute: F64) -> F64:
+        """Expected cost of every template option (limits and pruning ignored)."""
+        def g(f: str) -> F64:
+            return np.stack([getattr(t, f) for t in self.templates])[self.cls]
+        return reuse[:, None] * g("read_us") + g("p_due") * recompute[:, None] + g("cap_cost")
+
+
+def build_table(templates: Sequence[Template], cls: I64, kl_rows: F64, kl_idx: I64,
+                bits: Sequence[int], tokens: I64) -> Table:
+    """The table of blocks whose template is ``templates[cls[i]]`` and whose KL per bit-width
+    (in ``bits`` order) is ``kl_rows[kl_idx[i]]``; vectorised gathers only."""
+    stack = {f: np.stack([getattr(t, f) for t in templates])
+             for f in ("tier", "bits", "record_bytes", "read_us", "cap_cost", "p_due", "kept")}
+    # Only the columns some block may take reach the solver (most options are pruned).
+    cols = np.flatnonzero(stack["kept"].any(axis=0))
+    sub = {f: v[:, cols][cls] for f, v in stack.items()}
+    lut = np.zeros(max(bits) + 1, np.int64)
+    lut[list(bits)] = np.arange(len(bits))
+    kl = np.take_along_axis(kl_rows[kl_idx], lut[sub["bits"]], axis=1)
+    return Table(tuple(templates), cls, cols, tokens, sub["read_us"], sub["p_due"],
+                 sub["cap_cost"], sub["kept"], kl, sub["record_bytes"], sub["tier"])
+
+
+def recompute_costs(chunk: I64, n_chunks: I64, tokens: I64, cfg: PlacementConfig) -> F64:
+    """Per block (its ``chunk``, ``n_chunks`` or -1 for 1 + the last chunk of the put, and
+    ``tokens``): the recompute cost of its chunk and every later chunk of the prefix (what a
+    DUE there costs: the read stops at the first bad chunk). A chunk's tokens are the most of
+    its blocks'; chunks the put does not hold count the most of any block's."""
+    uc, inv = np.unique(chunk, return_inverse=True)
+    tmax = np.zeros(len(uc), np.int64)
+    np.maximum.at(tmax, inv, tokens)
+    per_chunk = dict(zip(uc.tolist(), tmax.tolist(), strict=True))
+    default_tokens = int(tmax.max())
+    last = int(uc[-1])
+    n = np.where(n_chunks < 0, last + 1, n_chunks)
+    pairs, pinv = np.unique(np.stack((chunk, n)), axis=1, return_inverse=True)
+    vals = np.asarray([math.fsum(cfg.recompute_us(per_chunk.get(c, default_tokens))
+                                 for c in range(int(a), int(b)))
+                       for a, b in pairs.T.tolist()])
+    return vals[pinv.reshape(-1)]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 
@@ -23,14 +25,18 @@ class PlannedBlock:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Plan:
-    """``blocks`` in the order given; ``total_cost_us`` the objective; ``kl`` the total KL;
-    ``tier_bytes`` bytes placed per tier; ``expected_due`` the sum of P(DUE); ``binding`` the
-    constraints at their limit; ``method`` how it was solved; ``lower_bound_us`` a bound no
-    plan beats (Lagrangian dual; the exact cost for ``plan_exact``); ``plan_us`` time taken."""
+    """``blocks`` in the order given (per block what it got and why, built when first
+    asked for: the engine only needs ``block_tier``, ``block_bits`` and ``block_code``, the
+    choice per block in the same order); ``total_cost_us`` the objective; ``kl`` the total
+    KL; ``tier_bytes`` bytes placed per tier; ``expected_due`` the sum of P(DUE); ``binding``
+    the constraints at their limit; ``method`` how it was solved; ``lower_bound_us`` a bound
+    no plan beats (Lagrangian dual; the exact cost for ``plan_exact``); ``plan_us`` time
+    taken (without the per-block reasons, which are computed on demand)."""
 
-    blocks: tuple[PlannedBlock, ...]
+    source: tuple[PlannedBlock, ...] | Callable[[], tuple[PlannedBlock, ...]] = field(
+        repr=False)
     total_cost_us: float
     kl: float
     kl_budget: float
@@ -42,6 +48,14 @@ class Plan:
     lower_bound_us: float
     plan_us: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    block_tier: tuple[str, ...] = ()
+    block_bits: tuple[int, ...] = ()
+    block_code: tuple[str, ...] = ()
+
+    @cached_property
+    def blocks(self) -> tuple[PlannedBlock, ...]:
+        src = self.source
+        return src if isinstance(src, tuple) else src()
 
     @property
     def gap_bound(self) -> float:
@@ -51,8 +65,11 @@ class Plan:
         return max(0.0, self.total_cost_us / self.lower_bound_us - 1.0)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["blocks"] = [asdict(b) for b in self.blocks]
+        skip = ("source", "block_tier", "block_bits", "block_code")
+        d: dict[str, Any] = {"blocks": [asdict(b) for b in self.blocks]}
+        d.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip})
+        d["tier_bytes"], d["tier_free"] = dict(self.tier_bytes), dict(self.tier_free)
+        d["binding"], d["extra"] = list(self.binding), dict(self.extra)
         return d
 
     def table(self, limit: int | None = 60) -> str:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -27,14 +29,16 @@ from rkv.placement.config import BlockInput, PlacementConfig, TierInput
 from rkv.placement.errors import InfeasiblePlanError
 from rkv.placement.options import (
     DEFAULT_CACHE,
+    LRU,
+    ModelCache,
     ReliabilityCache,
+    Table,
     Template,
+    build_table,
     build_template,
     class_key,
     data_bytes,
-    model_key,
     recompute_costs,
-    resolve_model,
 )
 from rkv.placement.plan import Plan, PlannedBlock
 from rkv.placement.profile import QualityProfile, as_profile
@@ -43,24 +47,38 @@ from rkv.placement.solver import NoFeasibleChoice, Problem, Solution, solve_exac
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 ProfileLike = QualityProfile | Mapping[Any, Any] | Callable[[int, str, int], float] | None
+_CHUNK, _N_CHUNKS, _REUSE = attrgetter("chunk"), attrgetter("n_chunks"), attrgetter("reuse")
+
+
+#: What a block's row of the option table depends on (with the tiers, config and profile).
+_STATIC = attrgetter("tokens", "kind", "kv_heads", "head_dim", "dtype", "residency_hours",
+                     "layer")
+_TABLES = 32     # put shapes kept per planner
 
 
 @dataclass(frozen=True)
 class _Built:
     problem: Problem
-    cls: I64                 # template index per block
-    templates: list[Template]
-    full_cost: F64           # (n, M) cost of every option, limits ignored
+    table: Table
     tiers: tuple[str, ...]
-    cols: I64                # template option index of each problem column
+    reuse: F64
+    recompute: F64
 
 
 class Planner:
-    """Plans puts under one :class:`PlacementConfig` and quality profile. Templates and
-    ``predict`` answers are cached across calls (``cache``; default: a process-wide one)."""
+    """Plans puts under one :class:`PlacementConfig` and quality profile.
+
+    Caches, all keyed by every input they depend on: ``predict`` answers (``cache``; default:
+    a process-wide one); fault models per spec; per block class and tier set, the option
+    template; per put shape (every block's tokens, kind, KV shape, dtype, residency and layer,
+    and every tier's name, fault-model parameters, bandwidth and latency), the option table
+    (:class:`~rkv.placement.options.Table`), so a put of a shape seen before only applies its
+    reuse, chunk positions and free capacity, vectorised. With ``warm_start`` the search for
+    the multipliers begins where the last plan of the same shape ended."""
 
     def __init__(self, config: PlacementConfig | Mapping[str, Any] | None = None,
-                 profile: ProfileLike = None, cache: ReliabilityCache | None = None) -> None:
+                 profile: ProfileLike = None, cache: ReliabilityCache | None = None, *,
+                 warm_start: bool = True) -> None:
         if config is None:
             config = PlacementConfig()
         elif not isinstance(config, PlacementConfig):
@@ -71,8 +89,11 @@ class Planner:
             raise ConfigError(f"placement: bits {sorted(config.bits)} include lossy widths, "
                               f"which need a quality profile (or set bits = [16])")
         self.cache = cache if cache is not None else DEFAULT_CACHE
+        self.warm_start = warm_start
+        self._models = ModelCache()
         self._templates: dict[tuple[Any, ...], Template] = {}
         self._kl: dict[tuple[int, str], F64] = {}
+        self._tables = LRU(_TABLES)
 
     # ---------------------------------------------------------------- public API
     def plan(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput]) -> Plan:
@@ -80,10 +101,13 @@ class Planner:
         polished by bounded branch and bound)."""
         t0 = time.perf_counter()
         built = self._build(blocks, tiers)
+        table = built.table
         try:
-            sol = solve_fast(built.problem)
+            sol = solve_fast(built.problem, start=table.start if self.warm_start else None)
         except NoFeasibleChoice as exc:
             raise self._infeasible(exc, built, blocks) from None
+        if sol.multipliers.any():
+            table.start = sol.multipliers
         return self._plan(sol, built, blocks, tiers, t0)
 
     def plan_exact(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput], *,
@@ -101,11 +125,16 @@ class Planner:
         """The option table the solvers see (for inspection and tests)."""
         return self._build(blocks, tiers).problem
 
+    def clear(self) -> None:
+        """Forget the option tables and warm starts (``predict`` answers are kept)."""
+        self._tables.clear()
+        self._templates.clear()
+
     def warm(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput],
              workers: int = 1) -> int:
         """Compute every ``predict`` a plan of these blocks needs, in ``workers`` processes.
         Returns how many were new."""
-        models = [resolve_model(t.fault_model) for t in tiers]
+        models = [self._models.get(t.fault_model)[0] for t in tiers]
         reqs = {(code, data_bytes(b, bits), mi, b.residency_hours)
                 for b in {class_key(b): b for b in blocks}.values()
                 for bits in self.config.bits for code in self.config.codes
@@ -122,48 +151,53 @@ class Planner:
         names = tuple(t.name for t in tiers)
         if len(set(names)) != len(names):
             raise ConfigError(f"placement: tier names must be distinct, got {list(names)}")
-        models = [resolve_model(t.fault_model) for t in tiers]
-        mkeys = [model_key(m) for m in models]
-        tkey = tuple((t.name, k, t.read_gbps, t.latency_us) for t, k in zip(tiers, mkeys,
-                                                                             strict=True))
-        cls_of: dict[tuple[Any, ...], int] = {}
-        templates: list[Template] = []
-        cls = np.empty(len(blocks), np.int64)
-        cfg = self.config
-        bits_idx = {b: i for i, b in enumerate(cfg.bits)}
-        klb = np.empty((len(blocks), len(cfg.bits)))
-        reuse = np.empty(len(blocks))
-        for i, b in enumerate(blocks):
-            ck = class_key(b)
-            c = cls_of.get(ck)
-            if c is None:
-                key = (ck, tkey)
-                t = self._templates.get(key)
-                if t is None:
-                    t = self._templates[key] = build_template(b, tiers, models, mkeys, cfg,
-                                                              self.cache)
-                c = cls_of[ck] = len(templates)
-                templates.append(t)
-                if not t.meets.any():
-                    raise self._reliability_error(b, t, names)
-            cls[i] = c
-            klb[i] = self._kl_row(b.layer, b.kind)
-            reuse[i] = b.reuse
-        stack = {f: np.stack([getattr(t, f) for t in templates])
-                 for f in ("tier", "bits", "record_bytes", "read_us", "cap_cost", "p_due",
-                           "kept")}
-        rec = recompute_costs(blocks, cfg)
-        full = (reuse[:, None] * stack["read_us"][cls] + stack["p_due"][cls] * rec[:, None]
-                + stack["cap_cost"][cls])
-        # Only the columns some block may take reach the solver (most options are pruned).
-        cols = np.flatnonzero(stack["kept"].any(axis=0))
-        cost = np.where(stack["kept"][cls][:, cols], full[:, cols], np.inf)
-        bcol = np.vectorize(bits_idx.__getitem__, otypes=[np.int64])(stack["bits"][:, cols])
-        kl = np.take_along_axis(klb, bcol[cls], axis=1)
+        resolved = [self._models.get(t.fault_model) for t in tiers]
+        tkey = tuple((t.name, k, t.read_gbps, t.latency_us)
+                     for t, (_, k) in zip(tiers, resolved, strict=True))
+        statics = tuple(map(_STATIC, blocks))
+        key = (statics, tkey)
+        table = self._tables.lookup(key)
+        if table is None:
+            table = self._table(blocks, statics, tiers, resolved, tkey)
+            self._tables.store(key, table)
+        n = len(blocks)
+        chunk = np.fromiter(map(_CHUNK, blocks), np.int64, n)
+        n_chunks = np.fromiter((-1 if c is None else c for c in map(_N_CHUNKS, blocks)),
+                               np.int64, n)
+        reuse = np.fromiter(map(_REUSE, blocks), np.float64, n)
+        rec = recompute_costs(chunk, n_chunks, table.tokens, self.config)
         capacity = np.asarray([t.free_bytes for t in tiers], np.float64)
-        prob = Problem(cost, kl, stack["record_bytes"][cls][:, cols],
-                       stack["tier"][cls][:, cols], cfg.quality_budget_kl, capacity)
-        return _Built(prob, cls, templates, full, names, cols)
+        prob = Problem(table.cost(reuse, rec), table.kl, table.nbytes, table.tier,
+                       self.config.quality_budget_kl, capacity)
+        return _Built(prob, table, names, reuse, rec)
+
+    def _table(self, blocks: Sequence[BlockInput], statics: tuple[tuple[Any, ...], ...],
+               tiers: Sequence[TierInput], resolved: Sequence[tuple[Any, str]],
+               tkey: tuple[Any, ...]) -> Table:
+        """A new put shape's table (templates and KL rows come from their own caches)."""
+        cfg = self.config
+        classes: dict[tuple[Any, ...], int] = {}
+        cls = np.fromiter((classes.setdefault(s[:6], len(classes)) for s in statics),
+                          np.int64, len(statics))
+        kinds: dict[tuple[int, str], int] = {}
+        kl_idx = np.fromiter((kinds.setdefault((s[6], s[1]), len(kinds)) for s in statics),
+                             np.int64, len(statics))
+        first = np.unique(cls, return_index=True)[1]
+        names = [t.name for t in tiers]
+        models = [m for m, _ in resolved]
+        mkeys = [k for _, k in resolved]
+        templates = []
+        for ck, i in zip(classes, first.tolist(), strict=True):
+            t = self._templates.get((ck, tkey))
+            if t is None:
+                t = self._templates[ck, tkey] = build_template(blocks[i], tiers, models,
+                                                               mkeys, cfg, self.cache)
+            if not t.meets.any():
+                raise self._reliability_error(blocks[i], t, names)
+            templates.append(t)
+        kl_rows = np.stack([self._kl_row(layer, kind) for layer, kind in kinds])
+        tokens = np.fromiter((s[0] for s in statics), np.int64, len(statics))
+        return build_table(templates, cls, kl_rows, kl_idx, cfg.bits, tokens)
 
     def _kl_row(self, layer: int, kind: str) -> F64:
         row = self._kl.get((layer, kind))
@@ -177,24 +211,42 @@ class Planner:
     # ---------------------------------------------------------------- results
     def _plan(self, sol: Solution, built: _Built, blocks: Sequence[BlockInput],
               tiers: Sequence[TierInput], t0: float) -> Plan:
-        p, cfg = built.problem, self.config
-        n = len(blocks)
-        rows = np.arange(n)
+        p, table = built.problem, built.table
+        rows = np.arange(len(blocks))
         ch = sol.choice
-        lim = np.concatenate(([p.kl_budget], p.capacity))
         res, _ = p.resources()
+        used = res[:, rows, ch].sum(axis=1)
         free = np.argmin(p.cost, axis=1)
-        free_use = res[:, rows, free].sum(axis=1)
-        over = free_use > lim * (1 + 1e-9) + 1e-12
+        over = _over(p, res[:, rows, free].sum(axis=1))
         names = ("quality_budget_kl", *(f"{t} capacity" for t in built.tiers))
         binding = tuple(nm for nm, o in zip(names, over, strict=True) if o)
-        cheapest = np.argmin(built.full_cost, axis=1)
-        codes = self.config.codes
+        opt = table.cols[ch]                                   # template option per block
+        stack = {f: np.stack([getattr(t, f) for t in table.templates])[table.cls, opt]
+                 for f in ("tier", "bits", "code", "p_due")}
+        codes = np.asarray(self.config.codes, dtype=object)
+        tb = {nm: int(used[1 + k]) for k, nm in enumerate(built.tiers)}
+        tfree = {t.name: t.free_bytes for t in tiers}
+        lb = sol.cost if sol.method == "exact" else sol.lower_bound
+        return Plan(partial(self._blocks, sol, built, blocks, over), sol.cost, float(used[0]),
+                    p.kl_budget, tb, tfree, float(stack["p_due"].sum()), binding, sol.method,
+                    float(lb), 1e6 * (time.perf_counter() - t0),
+                    {"evaluations": sol.evaluations, "nodes": sol.nodes,
+                     "multipliers": [float(x) for x in sol.multipliers]},
+                    tuple(np.asarray(built.tiers, dtype=object)[stack["tier"]].tolist()),
+                    tuple(stack["bits"].tolist()), tuple(codes[stack["code"]].tolist()))
+
+    def _blocks(self, sol: Solution, built: _Built, blocks: Sequence[BlockInput],
+                over: npt.NDArray[np.bool_]) -> tuple[PlannedBlock, ...]:
+        """Per block what it got and why (computed when a plan's ``blocks`` are asked for)."""
+        p, table, cfg = built.problem, built.table, self.config
+        ch = sol.choice
+        free = np.argmin(p.cost, axis=1)
+        cheapest = np.argmin(table.full_cost(built.reuse, built.recompute), axis=1)
         out: list[PlannedBlock] = []
         for i, b in enumerate(blocks):
-            t = built.templates[built.cls[i]]
+            t = table.templates[table.cls[i]]
             pj, pf, c0 = int(ch[i]), int(free[i]), int(cheapest[i])
-            j, f = int(built.cols[pj]), int(built.cols[pf])
+            j, f = int(table.cols[pj]), int(table.cols[pf])
             if pj == pf or p.cost[i, pj] <= p.cost[i, pf]:
                 if t.p_due[c0] > cfg.max_p_due:
                     reason = "cheapest meeting max_p_due"
@@ -212,18 +264,9 @@ class Planner:
                 reason = " + ".join(parts) or "room for other blocks"
             out.append(PlannedBlock(
                 b.layer, b.kind, b.chunk, built.tiers[int(t.tier[j])], int(t.bits[j]),
-                codes[int(t.code[j])], float(t.p_due[j]), float(t.p_sdc[j]),
+                cfg.codes[int(t.code[j])], float(t.p_due[j]), float(t.p_sdc[j]),
                 int(t.record_bytes[j]), float(p.kl[i, pj]), float(p.cost[i, pj]), reason))
-        used = res[:, rows, ch].sum(axis=1)
-        tb = {nm: int(used[1 + k]) for k, nm in enumerate(built.tiers)}
-        tfree = {t.name: t.free_bytes for t in tiers}
-        exp_due = float(np.stack([t.p_due for t in built.templates])[built.cls,
-                                                                     built.cols[ch]].sum())
-        lb = sol.cost if sol.method == "exact" else sol.lower_bound
-        return Plan(tuple(out), sol.cost, float(used[0]), p.kl_budget, tb, tfree, exp_due,
-                    binding, sol.method, float(lb), 1e6 * (time.perf_counter() - t0),
-                    {"evaluations": sol.evaluations, "nodes": sol.nodes,
-                     "multipliers": [float(x) for x in sol.multipliers]})
+        return tuple(out)
 
     # ---------------------------------------------------------------- errors
     def _reliability_error(self, b: BlockInput, t: Template,
@@ -267,6 +310,11 @@ class Planner:
                  for k in exc.violated]
         how = "no plan meets" if exc.proven else "the planner found no plan meeting"
         return InfeasiblePlanError(f"{how} {' and '.join(names)} together", "combined")
+
+
+def _over(p: Problem, use: F64) -> npt.NDArray[np.bool_]:
+    lim = np.concatenate(([p.kl_budget], p.capacity))
+    return np.asarray(use > lim * (1 + 1e-9) + 1e-12)
 
 
 def _free(built: _Built) -> str:
