@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from rkv.record import (
     encode_array_record,
     encode_record,
 )
+from rkv.tensors import numpy_dtype
 
 # Quantizer configs and ECC configs share the record's codec list: the quantizer comes first
 # (array -> bytes), the ECC second (bytes -> bytes).
@@ -148,13 +149,23 @@ def payload_erasures(dec: DecodedRecord, erased: Sequence[tuple[int, int]]) -> n
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
+class Verified(NamedTuple):
+    """A block's data after the read checks."""
+
+    data: Any
+    corrected: int             # symbols (RS) or bits (BCH) the ECC corrected
+    degraded: int = 0          # values returned with an unverified tolerant low part
+
+
 def _verified_data(dec: DecodedRecord, codec: Codec | None,
-                   erased: Sequence[tuple[int, int]] = ()) -> tuple[Any, int]:
+                   erased: Sequence[tuple[int, int]] = ()) -> Verified:
     """The block's data bytes (before any ECC), verified, and the symbols corrected.
 
     ``erased``: record byte ranges the medium reported unreadable. Their payload bytes go to
     the decoder as erasures (an RS codeword rebuilds twice as many erased as unknown bytes);
-    a block with erasures always reads back as corrected, so it gets rewritten.
+    a block with erasures always reads back as corrected, so it gets rewritten. A layout with
+    a tolerant part (byte planes) whose strict decoding fails may come back ``degraded``:
+    the strictly verified part exact, the tolerant part as read.
     """
     h = dec.header
     eras = payload_erasures(dec, erased) if erased else None
@@ -166,7 +177,7 @@ def _verified_data(dec: DecodedRecord, codec: Codec | None,
                 raise UncorrectableError(f"the medium lost {eras.size} byte(s) of a block "
                                          "stored without ECC")
             raise ChecksumError("block data does not match its end-to-end checksum")
-        return dec.payload, 0
+        return Verified(dec.payload, 0)
     # Some layouts (shardrs) pad, so data_size(len) is an upper bound: compare the data's
     # actual length with the header's. Erasures that spare the data (parity, padding) do
     # not stop the fast path; they count as repaired bytes so that the record is rewritten.
@@ -174,35 +185,38 @@ def _verified_data(dec: DecodedRecord, codec: Codec | None,
     if not lost or eras[0] >= h.data_len:  # type: ignore[index]
         fast = codec.systematic_data(dec.payload)
         if fast is not None and fast.size == h.data_len and data_checksum(fast) == h.checksum:
-            return fast, lost
+            return Verified(fast, lost)
     res = codec.decode(dec.payload, eras)
     if not res.ok:
+        deg = codec.decode_degraded(dec.payload, eras)
+        if deg is not None and len(deg.data) == h.data_len:
+            return Verified(deg.data, deg.n_corrected, max(1, deg.values))
         raise UncorrectableError(f"{codec.spec}: {res.detail or 'uncorrectable'}")
     if len(res.data) != h.data_len or data_checksum(res.data) != h.checksum:
         raise ChecksumError(
             f"{codec.spec} decoded to data that fails the end-to-end checksum "
             "(errors beyond the code's capability)"
         )
-    return res.data, max(res.n_corrected, 1 if lost else 0)
+    return Verified(res.data, max(res.n_corrected, 1 if lost else 0))
 
 
 def read_block(dec: DecodedRecord, dest: np.ndarray | None,
-               erased: Sequence[tuple[int, int]] = ()) -> int:
+               erased: Sequence[tuple[int, int]] = ()) -> Verified:
     """Verify a decoded record's data and write the block's values into ``dest`` (when
     given): verified before anything is copied, dequantized if it was quantized.
     ``erased``: record byte ranges the medium reported unreadable (decoded as erasures).
 
-    Returns the number of symbols (RS) or bits (BCH) the ECC corrected. Raises
+    Returns the check's outcome (symbols or bits corrected; values degraded). Raises
     :class:`ChecksumError`, :class:`UncorrectableError` or another IntegrityError.
     """
     quant, codec = header_stages(dec.header)
-    data, corrected = _verified_data(dec, codec, erased)
+    v = _verified_data(dec, codec, erased)
     if dest is not None:
         if quant is None:
-            dest[...] = np.frombuffer(data, dtype=dest.dtype).reshape(dest.shape)
+            dest[...] = np.frombuffer(v.data, dtype=dest.dtype).reshape(dest.shape)
         else:
-            dest[...] = quant.decode(data, dec.header.shape, dec.header.dtype)
-    return corrected
+            dest[...] = quant.decode(v.data, dec.header.shape, dec.header.dtype)
+    return v
 
 
 def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
@@ -210,10 +224,18 @@ def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
     """The block re-encoded with ``codec`` (its quantization kept), from verified, corrected
     data: used to move a block to a tier with another ECC and to repair it in place.
     ``erased``: record ranges the medium reported unreadable (the record is always
-    rewritten then). Raises IntegrityError when the block cannot be verified."""
+    rewritten then). A degraded block is returned as it is: re-encoding would make its
+    unverified part look verified. Raises IntegrityError when the block cannot be
+    verified."""
     quant, old = header_stages(dec.header)
-    data, corrected = _verified_data(dec, old, erased)
-    if old == codec and not corrected and not dec.header_repairs and not erased:
+    data, corrected, degraded = _verified_data(dec, old, erased)
+    if degraded or (old == codec and not corrected and not dec.header_repairs and not erased):
         return record
+    if codec is not None and codec.parts(1) is not None and quant is not None:
+        # Byte planes split values, not quantized codes: a quantized block moving to a tier
+        # laid out in planes gets the planes' strict (high) code over all of its data.
+        codec = getattr(codec, "high", None)
+    elif codec is not None:
+        codec = codec.for_itemsize(np.dtype(numpy_dtype(dec.header.dtype)).itemsize)
     raw = np.frombuffer(bytes(data), dtype=np.uint8)
     return _encode_data(replace(dec.header, checksum=bytes(16)), raw, quant, codec)

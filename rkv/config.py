@@ -134,6 +134,13 @@ class TierConfig:
                 raise ConfigError(f"tier {self.name}: quantization unavailable: {exc}") from exc
             except ConfigError as exc:
                 raise ConfigError(f"tier {self.name}: bad quant {self.quant!r}: {exc}") from exc
+            if self.ecc.strip().lower() != "none":
+                from rkv.pipeline import Pipeline
+
+                try:
+                    Pipeline.parse(self.quant, self.ecc)
+                except ConfigError as exc:
+                    raise ConfigError(f"tier {self.name}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

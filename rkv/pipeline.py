@@ -38,6 +38,12 @@ class Pipeline:
             object.__setattr__(self, "quant", None)
         if c is not None and c.codec_id == "none":
             object.__setattr__(self, "codec", None)
+        if self.quant is not None and self.codec is not None and \
+                self.codec.parts(1) is not None:
+            from rkv.errors import ConfigError
+
+            raise ConfigError(f"{self.codec.codec_id} splits the bytes of 16-bit or wider "
+                              f"values; it cannot follow the quantizer {self.quant.spec}")
 
     @classmethod
     def parse(cls, quant: str = "none", ecc: str = "none") -> Pipeline:
@@ -62,9 +68,13 @@ class Pipeline:
     def for_block(self, shape: tuple[int, ...], dtype: str) -> Pipeline:
         """The pipeline a block of ``shape`` actually gets: without the quantizer when it
         would not shrink the block (a short tail chunk, whose per-group metadata outweighs
-        its values). Records say which way it went."""
+        its values); a code laid out by value (byte planes) set to the dtype's width.
+        Records say which way it went."""
         if self.quant is None:
-            return self
+            if self.codec is None:
+                return self
+            codec = self.codec.for_itemsize(numpy_dtype(dtype).itemsize)
+            return self if codec is self.codec else replace(self, codec=codec)
         raw = int(np.prod(shape)) * numpy_dtype(dtype).itemsize
         if self.quant.encoded_size(shape, dtype) < raw:
             return self

@@ -25,7 +25,7 @@ from rkv.index import ChunkMeta, Index
 from rkv.keys import block_key
 from rkv.model import ModelSpec
 from rkv.record import decode_record
-from rkv.results import CORRECTED, MISSING, OK, UNCORRECTABLE, BlockStatus
+from rkv.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE, BlockStatus
 from rkv.tiers import Tier, TierReader
 from rkv.tiers.base import fetch
 
@@ -104,9 +104,9 @@ class ReadPath:
                 raise MissingRecordError(f"tier {tier} is not configured")
             rec, erased = fetch(reader(tier), bkey)
             if rec is not None:
-                repairs, corrected = self.verify_into(rec, key, layer, fp, spec,
-                                                       meta.n_tokens, dest,
-                                                       meta.blocks[layer][1], erased)
+                repairs, corrected, degraded = self.verify_into(
+                    rec, key, layer, fp, spec, meta.n_tokens, dest, meta.blocks[layer][1],
+                    erased)
             else:
                 # A concurrent writer may have demoted the chunk: look again, once.
                 with self.index.env.read() as txn:
@@ -120,13 +120,15 @@ class ReadPath:
                     if rec is None:
                         raise MissingRecordError(f"block {bkey.hex()} is missing from tier "
                                                  f"{tier}")
-                    repairs, corrected = self.verify_into(rec, key, layer, fp, spec,
-                                                           meta.n_tokens, dest,
-                                                           fresh.blocks[layer][1], erased)
+                    repairs, corrected, degraded = self.verify_into(
+                        rec, key, layer, fp, spec, meta.n_tokens, dest,
+                        fresh.blocks[layer][1], erased)
         except MissingRecordError as exc:
             return BlockStatus(ci, layer, tier, MISSING, 0, exc)
         except IntegrityError as exc:
             return BlockStatus(ci, layer, tier, UNCORRECTABLE, 0, exc)
+        if degraded:      # not rewritten: that would make its noise look verified
+            return BlockStatus(ci, layer, tier, DEGRADED, corrected, None, repairs)
         if repairs or corrected:
             return BlockStatus(ci, layer, tier, CORRECTED, corrected, None, repairs)
         return BlockStatus(ci, layer, tier, OK)
@@ -134,14 +136,14 @@ class ReadPath:
     @staticmethod
     def verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
                      n_tokens: int, dest: np.ndarray | None, size: int = -1,
-                     erased: tuple[tuple[int, int], ...] = ()) -> tuple[int, int]:
+                     erased: tuple[tuple[int, int], ...] = ()) -> tuple[int, int, int]:
         """Check one record and copy its data into ``dest`` (inside the reader's snapshot).
 
         ``size`` is the record's length as the index knows it: a longer zero-copy view comes
         from a damaged database page and is not touched at all (its bytes may lie past the end
         of the file); a shorter one is decoded and reported as what it is. ``erased`` are the
         byte ranges the medium reported unreadable (decoded as erasures). Returns (header
-        copies repaired, symbols or bits the ECC corrected).
+        copies repaired, symbols or bits the ECC corrected, values degraded).
         """
         if size >= 0 and memoryview(rec).nbytes > size:
             raise CorruptRecordError(f"record is {memoryview(rec).nbytes} bytes, the index "
@@ -153,5 +155,5 @@ class ReadPath:
                 f"record holds {h.dtype}{list(h.shape)}, expected "
                 f"{spec.dtype}{list(spec.block_shape(n_tokens))}"
             )
-        corrected = read_block(dec, dest, erased)
-        return dec.header_repairs, corrected
+        v = read_block(dec, dest, erased)
+        return dec.header_repairs, v.corrected, v.degraded

@@ -10,6 +10,9 @@ from rkv.errors import IntegrityError
 
 #: Block outcomes reported by :meth:`Engine.get` and :meth:`Engine.verify`.
 OK, CORRECTED, UNCORRECTABLE, MISSING = "ok", "corrected", "uncorrectable", "missing"
+#: A block whose strictly verified part (the high byte plane) is exact and whose tolerant
+#: part failed its check: returned with bounded numeric noise, never silently.
+DEGRADED = "degraded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +22,7 @@ class BlockStatus:
     chunk: int
     layer: int
     tier: str
-    status: str                   # ok | corrected | uncorrectable | missing
+    status: str                   # ok | corrected | degraded | uncorrectable | missing
     corrected: int = 0            # symbols (Reed-Solomon) or bits (BCH) the ECC corrected
     error: IntegrityError | None = None
     header_repairs: int = 0       # header/prelude copies that were outvoted or skipped
@@ -37,7 +40,12 @@ class GetResult:
     @property
     def counts(self) -> dict[str, int]:
         c = Counter(b.status for b in self.blocks)
-        return {s: c.get(s, 0) for s in (OK, CORRECTED, UNCORRECTABLE, MISSING)}
+        return {s: c.get(s, 0) for s in (OK, CORRECTED, DEGRADED, UNCORRECTABLE, MISSING)}
+
+    @property
+    def degraded(self) -> int:
+        """Blocks returned with an unverified tolerant part (bounded noise)."""
+        return sum(1 for b in self.blocks if b.status == DEGRADED)
 
     @property
     def corrected(self) -> int:
@@ -45,7 +53,8 @@ class GetResult:
 
     @property
     def ok(self) -> bool:
-        """True when every stored block was read back verified (clean or corrected)."""
+        """True when every stored block was read back (clean, corrected or degraded: check
+        :attr:`degraded` for blocks with bounded noise)."""
         return self.n_tokens == self.stored_tokens
 
     def errors(self) -> list[IntegrityError]:

@@ -31,6 +31,27 @@ def _parse_value(text: str) -> Any:
     return text
 
 
+def _split_top(body: str) -> list[str]:
+    """``body`` split at the commas outside parentheses, so that a parameter may itself be a
+    spec: ``planes(high=rs(255,223),low=none)``."""
+    parts: list[str] = []
+    depth = start = 0
+    for i, ch in enumerate(body):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"unbalanced parentheses in {body!r}")
+        elif ch == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+    if depth:
+        raise ConfigError(f"unbalanced parentheses in {body!r}")
+    parts.append(body[start:])
+    return parts
+
+
 class Configured:
     """Identity by configuration for codecs and quantizers: equal configs are equal stages."""
 
@@ -147,7 +168,7 @@ class Registry(Generic[T]):
         if body is None or not body.strip():
             return cfg
         seen_kw = False
-        for pos, part in enumerate(body.split(",")):
+        for pos, part in enumerate(_split_top(body)):
             part = part.strip()
             if not part:
                 raise ConfigError(f"empty argument in {what}")

@@ -10,6 +10,8 @@ Codecs (``get_codec(spec)``; all systematic, data first and unchanged in the enc
   chunk (parity identical to bchlib / the Linux kernel).
 * ``shardrs(k=K,m=M[,checksum=xxh3|crc32c])``: RS across ``K`` data + ``M`` parity shards,
   each with a checksum; rebuilds up to ``M`` lost shards.
+* ``planes(high=CODE,low=CODE[,tolerant=1])``: the high and low byte planes of the values
+  under their own codes; a tolerant low plane that fails reads back as ``degraded``.
 
 See ``docs/ecc.md`` for guarantees, layouts, performance and how to choose.
 """
@@ -20,12 +22,14 @@ from rkv.ecc.base import CLEAN, CORRECTED, UNCORRECTABLE, Codec, DecodeResult, a
 from rkv.ecc.bch import BCHCodec
 from rkv.ecc.crc32c import Crc32cCodec
 from rkv.ecc.none import NoneCodec
+from rkv.ecc.planes import PlanesCodec
 from rkv.ecc.registry import available_codecs, codec_class, get_codec, parse_spec, register_codec
 from rkv.ecc.rs import RSCodec
 from rkv.ecc.shardrs import ShardRSCodec
 from rkv.ecc.xxh3 import Xxh3Codec
 
-for _cls in (NoneCodec, Xxh3Codec, Crc32cCodec, RSCodec, BCHCodec, ShardRSCodec):
+for _cls in (NoneCodec, Xxh3Codec, Crc32cCodec, RSCodec, BCHCodec, ShardRSCodec,
+             PlanesCodec):
     register_codec(_cls)
 del _cls
 
@@ -38,6 +42,7 @@ __all__ = [
     "Crc32cCodec",
     "DecodeResult",
     "NoneCodec",
+    "PlanesCodec",
     "RSCodec",
     "ShardRSCodec",
     "Xxh3Codec",

@@ -20,7 +20,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -107,6 +107,23 @@ class Units:
     miss: float = 1.0
     last_symbols: int = 0      # length of the shortened last unit(s) (0: all units full)
     short_units: int = 0       # how many units are shortened to ``last_symbols`` (at most)
+
+
+class Part(NamedTuple):
+    """One independently decoded part of a layout (:meth:`Codec.parts`), for the model."""
+
+    codec: Codec
+    data_bytes: int
+    tolerant: bool             # its failure degrades the block instead of losing it
+
+
+class Degraded(NamedTuple):
+    """A block readable with bounded noise (:meth:`Codec.decode_degraded`)."""
+
+    data: bytes
+    n_corrected: int           # symbols corrected in the strictly verified part
+    values: int                # values whose low part is unverified
+    detail: str
 
 
 def log_ball(n: int, t: int, q_minus_1: int) -> float:
@@ -204,6 +221,21 @@ class Codec(Configured, ABC):
     def units(self, data_bytes: int) -> Units:
         """The decoding units over ``data_bytes`` of data, for the reliability model."""
         raise ConfigError(f"no reliability model for codec {self.spec}")
+
+    def parts(self, data_bytes: int) -> tuple[Part, ...] | None:
+        """Independently decoded parts (each with its own code), or None for one layout
+        described by :meth:`units`."""
+        return None
+
+    def decode_degraded(self, buf: BytesLike, erasures: Iterable[int] | None = None
+                        ) -> Degraded | None:
+        """For a layout with a tolerant part that failed: the data with that part as read
+        (bounded noise) and the rest verified; None when the block is lost."""
+        return None
+
+    def for_itemsize(self, itemsize: int) -> Codec:
+        """This code for a block of ``itemsize``-byte values (layouts that follow values)."""
+        return self
 
     @property
     def corrects(self) -> bool:

@@ -380,7 +380,7 @@ def format_summary(s: Summary) -> str:
     prediction."""
     p = s.prediction
     analytic = {"clean": 1 - p.p_error, "masked": None, "corrected": p.p_corrected,
-                "due": p.p_due, "sdc": p.p_sdc}
+                "degraded": p.p_degraded, "due": p.p_due, "sdc": p.p_sdc}
     cfg = s.config
     lines = [
         f"campaign: tier {cfg['tier']}, fault model {cfg['fault_model'] or '(tier default)'}, "
@@ -394,6 +394,8 @@ def format_summary(s: Summary) -> str:
     if s.importance is not None:
         return _format_importance(s, lines[:2], analytic)
     for o in OUTCOMES:
+        if o == "degraded" and not s.counts[o] and not p.p_degraded:
+            continue        # only layouts with a tolerant part can degrade
         r, lo, hi = s.rates[o]
         a = analytic[o]
         a_txt = "-" if a is None else f"{a:.3g}"

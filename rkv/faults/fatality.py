@@ -57,6 +57,9 @@ class Layout:
     payload: int
     data: int            # data bytes before the code's own additions
     params: tuple[int, ...]
+    #: independently decoded parts (byte planes): (their layout, tolerant); the sub-layouts'
+    #: ``payload_off`` point into this record. Empty for one code over the whole payload.
+    parts: tuple[tuple[Layout, bool], ...] = ()
 
 
 def layout_for(protection: Any, data_bytes: int) -> Layout:
@@ -68,6 +71,15 @@ def layout_for(protection: Any, data_bytes: int) -> Layout:
     record = pipe.record_bytes_for(data_bytes)
     payload = pipe.codec.encoded_size(data_bytes) if pipe.codec is not None else data_bytes
     off, hlen = pipe.framing()
+    parts = pipe.codec.parts(data_bytes) if pipe.codec is not None else None
+    if parts is not None:
+        subs, at = [], off
+        for part in parts:
+            sub = layout_for(Pipeline(None, part.codec), part.data_bytes)
+            subs.append((Layout(sub.kind, record, hlen, at, sub.payload, sub.data, sub.params),
+                         part.tolerant))
+            at += sub.payload
+        return Layout("parts", record, hlen, off, payload, data_bytes, (), tuple(subs))
     g = geometry(protection, data_bytes)
     params: tuple[int, ...] = ()
     if g.kind == "rs":
@@ -152,15 +164,37 @@ def is_fatal(lay: Layout, pattern: Any) -> float:
     """P(the read of a record hit by ``pattern`` (an ErrorPattern over the whole record)
     fails): 0 or 1 except for BCH chunks beyond the erasure guarantee, whose outcome depends
     on the erased bits' values."""
+    return judge(lay, pattern)[0]
+
+
+def judge(lay: Layout, pattern: Any) -> tuple[float, float]:
+    """(P(the read fails), P(it is degraded | it does not fail)) for a record hit by
+    ``pattern``. Only layouts with a tolerant part degrade: the read fails when the header
+    or a strict part fails, and is degraded when only tolerant parts fail."""
     if pattern.lost:
-        return 1.0
+        return 1.0, 0.0
     flips, erased, wrong = _masks(pattern, lay.record)
     last = lay.record - PRELUDE
     if _copies_lost(flips, erased, (0, PRELUDE, last), PRELUDE):
-        return 1.0
+        return 1.0, 0.0
     h = lay.hlen
     if _copies_lost(flips, erased, (2 * PRELUDE, 2 * PRELUDE + h, last - h), h):
-        return 1.0     # (the third copy ends where the last prelude starts)
+        return 1.0, 0.0     # (the third copy ends where the last prelude starts)
+    if not lay.parts:
+        return _payload_fatal(lay, flips, erased, wrong), 0.0
+    ok = tol_ok = 1.0
+    for sub, tolerant in lay.parts:
+        f = _payload_fatal(sub, flips, erased, wrong)
+        if tolerant:
+            tol_ok *= 1.0 - f
+        else:
+            ok *= 1.0 - f
+    return 1.0 - ok, 1.0 - tol_ok
+
+
+def _payload_fatal(lay: Layout, flips: np.ndarray, erased: np.ndarray,
+                   wrong: np.ndarray) -> float:
+    """P(the payload described by ``lay`` fails to decode) under the record's masks."""
     p0 = lay.payload_off
     o = np.flatnonzero(wrong[p0:p0 + lay.payload])
     if o.size == 0 or o[0] >= lay.data:
@@ -215,13 +249,21 @@ def is_fatal(lay: Layout, pattern: Any) -> float:
     return float(cost.max() > m)
 
 
-_CACHE: dict[tuple[str, str, int, float, int], list[float]] = {}
+_CACHE: dict[tuple[str, str, int, float, int], list[tuple[float, float]]] = {}
 
 
 def class_fatality(model: Any, protection: Any, data_bytes: int, hours: float,
                    draws: int = DRAWS) -> list[tuple[Any, float, float]]:
     """Per clustered class: (its rate, P(it fires in the record), P(fatal | it fires)).
     Cached per (model parameters, protection, size, hours, draws)."""
+    return [(r, p, f) for r, p, f, _ in class_outcomes(model, protection, data_bytes, hours,
+                                                       draws)]
+
+
+def class_outcomes(model: Any, protection: Any, data_bytes: int, hours: float,
+                   draws: int = DRAWS) -> list[tuple[Any, float, float, float]]:
+    """Per clustered class: (its rate, P(it fires), P(fatal | it fires), P(degraded | it
+    fires)): :func:`judge` over ``draws`` of the class's own patterns."""
     lay = layout_for(protection, data_bytes)
     classes = [(i, c) for i, c in enumerate(model.event_classes(lay.record, hours))
                if c.rate.kind != "bit" and c.log_p0 != 0.0]
@@ -233,9 +275,11 @@ def class_fatality(model: Any, protection: Any, data_bytes: int, hours: float,
         fatal = []
         for i, cls in classes:
             rng = np.random.default_rng([i, draws, data_bytes])
-            hits = math.fsum(is_fatal(lay, cls.draw_nonzero(rng)) for _ in range(draws))
-            fatal.append(hits / draws)
+            judged = [judge(lay, cls.draw_nonzero(rng)) for _ in range(draws)]
+            fatal.append((math.fsum(d for d, _ in judged) / draws,
+                          math.fsum((1 - d) * g for d, g in judged) / draws))
         if len(_CACHE) >= 256:
             _CACHE.clear()
         _CACHE[key] = fatal
-    return [(c.rate, -math.expm1(c.log_p0), f) for (_, c), f in zip(classes, fatal, strict=True)]
+    return [(c.rate, -math.expm1(c.log_p0), f, g)
+            for (_, c), (f, g) in zip(classes, fatal, strict=True)]

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from rkv.blockcodec import codec_for
-from rkv.ecc.base import Units
+from rkv.ecc.base import Part, Units
 from rkv.errors import ConfigError
 from rkv.pipeline import Pipeline
 
@@ -60,6 +60,7 @@ class Prediction:
     p_due: float              # detected, uncorrectable (a recompute)
     p_sdc: float              # wrong data returned without complaint
     p_sdc_unchecked: float    # ... if there were no end-to-end checksum
+    p_degraded: float = 0.0   # a tolerant part failed, the rest verified: bounded noise
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,6 +146,33 @@ def _shard_fail(g: _Geometry, p_bit: float) -> float:
     return a + checks - a * checks
 
 
+def _log_bits_ok(g: Units, payload: int, p_bit: float) -> float:
+    """log P(independent bit errors at ``p_bit`` stay within the code's units)."""
+    if g.kind == "detect":
+        return 8 * payload * math.log1p(-p_bit)
+    if g.kind == "shard":
+        return _log1m(_shard_fail(g, p_bit))
+    q = p_bit if g.kind == "bch" else -math.expm1(8 * math.log1p(-p_bit))
+    full = g.units - g.short_units
+    out = full * _log_unit_ok(g.unit_symbols, q, g.t)
+    if g.short_units:
+        out += g.short_units * _log_unit_ok(g.last_symbols, q, g.t)
+    return out
+
+
+def _log_header_ok(header_copy: int, p_bit: float) -> float:
+    """log P(the header survives): it is lost only if no copy is intact and some bit
+    position is wrong in two copies or more (the bitwise majority vote then fails)."""
+    if not header_copy:
+        return 0.0
+    qh = -math.expm1(8 * header_copy * math.log1p(-p_bit))
+    twice = 3 * p_bit * p_bit * (1 - p_bit) + p_bit ** 3
+    pos = -math.expm1(8 * header_copy * math.log1p(-min(twice, 1.0)))
+    # P(no intact copy) x P(a position is wrong twice | every copy has errors).
+    fail = qh ** 3 * min(1.0, pos / (qh * qh)) if qh > 0 else 0.0
+    return _log1m(fail)
+
+
 def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
     return list(model.events(nbytes, hours))
 
@@ -156,6 +184,11 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float) -
     and the residency."""
     if data_bytes <= 0:
         raise ConfigError("data_bytes must be positive")
+    pipe = as_pipeline(protection)
+    parts = pipe.codec.parts(data_bytes) if pipe is not None and pipe.codec else None
+    if parts is not None:
+        assert pipe is not None
+        return _predict_parts(pipe, parts, data_bytes, model, hours)
     g = geometry(protection, data_bytes)
     if g.kind == "raw":
         record, payload, header_copy = data_bytes, data_bytes, 0
@@ -201,30 +234,7 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float) -
         if g.kind == "raw":
             log_undetected += 8 * payload * math.log1p(-p_bit)
         else:
-            if g.kind == "bch":
-                q = p_bit
-            elif g.kind == "shard":
-                q = -math.expm1(g.symbol_bits * math.log1p(-p_bit))
-            else:
-                q = -math.expm1(8 * math.log1p(-p_bit))
-            if g.kind == "detect":
-                log_ok += 8 * payload * math.log1p(-p_bit)
-            elif g.kind == "shard":
-                log_ok += _log1m(_shard_fail(g, p_bit))
-            else:
-                full = g.units - g.short_units
-                log_ok += full * _log_unit_ok(g.unit_symbols, q, g.t)
-                if g.short_units:
-                    log_ok += g.short_units * _log_unit_ok(g.last_symbols, q, g.t)
-            if header_copy:
-                # The header is lost only if no copy is intact and some bit position is
-                # wrong in two copies or more (the bitwise majority vote then fails).
-                qh = -math.expm1(8 * header_copy * math.log1p(-p_bit))
-                twice = 3 * p_bit * p_bit * (1 - p_bit) + p_bit ** 3
-                pos = -math.expm1(8 * header_copy * math.log1p(-min(twice, 1.0)))
-                # P(no intact copy) x P(a position is wrong twice | every copy has errors).
-                fail = qh ** 3 * min(1.0, pos / (qh * qh)) if qh > 0 else 0.0
-                log_ok += _log1m(fail)
+            log_ok += _log_bits_ok(g, payload, p_bit) + _log_header_ok(header_copy, p_bit)
     if g.kind == "raw":
         p_due = -math.expm1(log_ok)
         p_sdc = -math.expm1(log_undetected) * (1 - p_due)
@@ -241,3 +251,46 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float) -
     name = protection if isinstance(protection, str) else protection.spec
     return Prediction(name, record, *(v if v > 0 else 0.0 for v in (
         p_error, p_corrected, p_due, p_sdc, unchecked)))
+
+
+def _predict_parts(pipe: Pipeline, parts: tuple[Part, ...], data_bytes: int, model: Any,
+                   hours: float) -> Prediction:
+    """A layout of independently decoded parts (byte planes) in one record: background bits
+    per part through its own units; clustered classes judged against the whole record
+    (:func:`rkv.faults.fatality.judge`), so an event that spans two parts fails both at once.
+    The read fails when the header or a strict part fails; it is degraded when only tolerant
+    parts fail."""
+    from rkv.faults.fatality import class_outcomes, layout_for
+
+    lay = layout_for(pipe, data_bytes)
+    record = lay.record
+    p_error = float(model.p_any_error(record, hours))
+    p_bit = sum(float(getattr(ev, "mean", 0.0)) for ev in _events(model, record, hours)
+                if str(getattr(ev, "kind", "bit")) == "bit") / (8 * record)
+    log_strict = log_tol = log_reported = 0.0
+    for rate, p_fire, fatal, degrade in class_outcomes(model, pipe, data_bytes, hours):
+        log_strict += _log1m(p_fire * fatal)
+        log_tol += _log1m(p_fire * degrade)
+        if bool(getattr(rate, "detected", False)):
+            log_reported += _log1m(p_fire * fatal)
+    units = [geometry(Pipeline(None, p.codec), p.data_bytes) for p in parts]
+    if p_bit > 0:
+        for (sub, tolerant), g in zip(lay.parts, units, strict=True):
+            term = _log_bits_ok(g, sub.payload, p_bit)
+            if tolerant:
+                log_tol += term
+            else:
+                log_strict += term
+        log_strict += _log_header_ok(lay.hlen, p_bit)
+    p_due = min(p_error, -math.expm1(log_strict))
+    p_degraded = max(0.0, math.exp(log_strict) * -math.expm1(log_tol))
+    # Each part has its own checksum: a miscorrected part passes only by a collision.
+    p_sdc = (p_due + p_degraded) * CHECKSUM_MISS
+    miss_strict = max(g.miss for (_, tol), g in zip(lay.parts, units, strict=True) if not tol)
+    miss_tol = max([g.miss for (_, tol), g in zip(lay.parts, units, strict=True) if tol],
+                   default=0.0)
+    unchecked = min(1.0, max(0.0, -math.expm1(log_strict - log_reported)) * miss_strict
+                    + p_degraded * miss_tol)
+    p_corrected = max(0.0, p_error - p_due - p_degraded)
+    return Prediction(pipe.spec, record, p_error, p_corrected, p_due, p_sdc, unchecked,
+                      p_degraded)
