@@ -31,6 +31,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +78,17 @@ def _labels(raw: Any, n_blocks: int) -> tuple[str, ...]:
             and len(pal) <= n_blocks):
         raise CorruptStoreError("corrupt index entry: pipeline labels do not match its blocks")
     for lab in pal:
-        if not (isinstance(lab, str) and len(lab) <= _LABEL_MAX and _LABEL.fullmatch(lab)):
-            raise CorruptStoreError(f"corrupt index entry: bad pipeline label {lab!r:.80}")
-    out = []
-    for i in idx:
-        if type(i) is not int or not -1 <= i < len(pal):
-            raise CorruptStoreError("corrupt index entry: pipeline label index out of range")
-        out.append("" if i < 0 else pal[i])
-    return tuple(out)
+        if type(lab) is not str or not _label_ok(lab):
+            raise CorruptStoreError("corrupt index entry: bad pipeline label")
+    if idx and (set(map(type, idx)) != {int} or min(idx) < -1 or max(idx) >= len(pal)):
+        raise CorruptStoreError("corrupt index entry: pipeline label index out of range")
+    labels = [*pal, ""]        # index -1: unknown
+    return tuple([labels[i] for i in idx])
+
+
+@lru_cache(maxsize=256)
+def _label_ok(label: str) -> bool:
+    return len(label) <= _LABEL_MAX and _LABEL.fullmatch(label) is not None
 
 
 @dataclass(frozen=True)
@@ -137,19 +141,19 @@ class ChunkMeta:
     def from_json(cls, raw: Any) -> ChunkMeta:
         try:
             d = json.loads(bytes(raw))
+            blocks = tuple((str(t), int(s)) for t, s in d["b"])
             meta = cls(
                 parent=bytes.fromhex(d["p"]), pos=int(d["i"]), n_tokens=int(d["n"]),
-                fingerprint=bytes.fromhex(d["fp"]),
-                blocks=tuple((str(t), int(s)) for t, s in d["b"]),
+                fingerprint=bytes.fromhex(d["fp"]), blocks=blocks,
                 end=bool(d["e"]), pins=int(d["pin"]), at=int(d["at"]),
+                pipes=_labels(d.get("q"), len(blocks)),
             )
-            pipes = _labels(d.get("q"), len(meta.blocks))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStoreError(f"corrupt index entry: {exc}") from exc
         if meta.n_tokens < 1 or meta.pins < 0 or meta.at < 0 or len(meta.fingerprint) != 16 \
                 or any(s < 0 for _, s in meta.blocks) or len(meta.parent) not in (0, 32):
             raise CorruptStoreError("corrupt index entry: values out of range")
-        return replace(meta, pipes=pipes) if pipes else meta
+        return meta
 
     def with_(self, **changes: Any) -> ChunkMeta:
         """A copy with ``changes``. New ``blocks`` without new ``pipes`` forget the labels of
