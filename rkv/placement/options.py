@@ -230,7 +230,8 @@ class Table:
     options some block may take): read cost per expected read, P(DUE), capacity cost, whether
     offered, KL, record bytes and tier. Only reuse, the recompute cost (chunk position) and
     the tiers' free capacity change from put to put. ``start``: the multipliers of the last
-    plan of this shape, where the next one's search begins (a warm start)."""
+    plan of this shape, where the next one's search begins, and ``hint`` its choice (a warm
+    start)."""
 
     templates: tuple[Template, ...]
     cls: I64
@@ -244,6 +245,7 @@ class Table:
     nbytes: F64
     tier: I64
     start: F64 | None = None
+    hint: I64 | None = None
 
     def cost(self, reuse: F64, recompute: F64) -> F64:
         """Expected cost of every (block, column); ``inf`` where not offered."""

@@ -102,12 +102,15 @@ class Planner:
         t0 = time.perf_counter()
         built = self._build(blocks, tiers)
         table = built.table
+        warm = self.warm_start
         try:
-            sol = solve_fast(built.problem, start=table.start if self.warm_start else None)
+            sol = solve_fast(built.problem, start=table.start if warm else None,
+                             hint=table.hint if warm else None)
         except NoFeasibleChoice as exc:
             raise self._infeasible(exc, built, blocks) from None
         if sol.multipliers.any():
             table.start = sol.multipliers
+        table.hint = sol.choice
         return self._plan(sol, built, blocks, tiers, t0)
 
     def plan_exact(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput], *,
@@ -212,12 +215,10 @@ class Planner:
     def _plan(self, sol: Solution, built: _Built, blocks: Sequence[BlockInput],
               tiers: Sequence[TierInput], t0: float) -> Plan:
         p, table = built.problem, built.table
-        rows = np.arange(len(blocks))
         ch = sol.choice
-        res, _ = p.resources()
-        used = res[:, rows, ch].sum(axis=1)
+        used = p.usage(ch)
         free = np.argmin(p.cost, axis=1)
-        over = _over(p, res[:, rows, free].sum(axis=1))
+        over = _over(p, p.usage(free))
         names = ("quality_budget_kl", *(f"{t} capacity" for t in built.tiers))
         binding = tuple(nm for nm, o in zip(names, over, strict=True) if o)
         opt = table.cols[ch]                                   # template option per block

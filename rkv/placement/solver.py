@@ -70,12 +70,18 @@ class Problem:
 
     def evaluate(self, choice: I64) -> tuple[float, F64]:
         """(total cost, per-resource usage) of a choice."""
-        res, _ = self.resources()
         rows = np.arange(self.shape[0])
-        return float(self.cost[rows, choice].sum()), res[:, rows, choice].sum(axis=1)
+        return float(self.cost[rows, choice].sum()), self.usage(choice)
+
+    def usage(self, choice: I64) -> F64:
+        """KL, then bytes per tier, of a choice."""
+        rows = np.arange(self.shape[0])
+        tb = np.bincount(self.tier[rows, choice], weights=self.nbytes[rows, choice],
+                         minlength=self.n_tiers)
+        return np.concatenate(([self.kl[rows, choice].sum()], tb[:self.n_tiers]))
 
     def feasible(self, choice: I64) -> bool:
-        _, lim = self.resources()
+        lim = np.concatenate(([self.kl_budget], self.capacity))
         c, used = self.evaluate(choice)
         return math.isfinite(c) and bool(_limit_ok(used, lim).all())
 
@@ -122,39 +128,44 @@ def relaxation_check(p: Problem) -> None:
 
 class _Fast:
     def __init__(self, p: Problem) -> None:
-        n = p.shape[0]
+        n, m = p.shape
         self.p = p
         # Within a row, order options by (cost, kl, bytes): argmin's first minimum is then
         # the lightest of tied options.
         self.order = np.lexsort((p.nbytes, p.kl, p.cost), axis=-1)
-        take = np.take_along_axis
-        cost = take(p.cost, self.order, axis=1)
-        res, self.lim = p.resources()
-        res = np.stack([take(r, self.order, axis=1) for r in res])
-        # An option larger than its tier's whole free capacity can never be used.
-        over = (res[1:] > self.lim[1:, None, None] * (1 + _REL_TOL)).any(axis=0)
-        self.cost = np.where(over, np.inf, cost)
-        self.res = res
         self.rows = np.arange(n)
-        m = res.shape[2]
         self.offsets = self.rows * m
-        self.flat_res = res.reshape(res.shape[0], -1)
-        self.tier = take(p.tier, self.order, axis=1)
-        self.nbytes = take(p.nbytes, self.order, axis=1)
+        flat = (self.offsets[:, None] + self.order).ravel()
+        self.lim = np.concatenate(([p.kl_budget], p.capacity)).astype(np.float64)
+        self.tier = p.tier.ravel()[flat].reshape(n, m)
+        self.nbytes = p.nbytes.ravel()[flat].reshape(n, m).astype(np.float64)
+        self.res = np.zeros((len(self.lim), n, m))
+        self.res[0] = p.kl.ravel()[flat].reshape(n, m)
+        for k in range(p.n_tiers):
+            self.res[1 + k] = np.where(self.tier == k, self.nbytes, 0.0)
+        self.flat_res = self.res.reshape(len(self.lim), -1)
+        # An option larger than its tier's whole free capacity can never be used.
+        over = self.nbytes > self.lim[1:][self.tier] * (1 + _REL_TOL)
+        self.cost = np.where(over, np.inf, p.cost.ravel()[flat].reshape(n, m))
         self.evals = 0
         self.best_cost = math.inf
         self.best: I64 | None = None
         self.lower_bound = -math.inf
+
+    @cached_property
+    def scale(self) -> F64:
+        """Per resource, the median cost per unit over the blocks (where bracketing starts)."""
         finite = np.isfinite(self.cost)
         c = np.where(finite, self.cost, np.nan)
         span = np.nanmax(c, axis=1) - np.nanmin(c, axis=1)
-        self.scale = np.ones(len(self.lim))
+        scale = np.ones(len(self.lim))
         for k in range(len(self.lim)):
-            r = np.where(finite, res[k], np.nan)
+            r = np.where(finite, self.res[k], np.nan)
             rs = np.nanmax(r, axis=1) - np.nanmin(r, axis=1)
             ok = rs > 0
             if ok.any():
-                self.scale[k] = max(float(np.median(span[ok] / rs[ok])), 1e-300)
+                scale[k] = max(float(np.median(span[ok] / rs[ok])), 1e-300)
+        return scale
 
     def ev(self, mult: F64) -> tuple[I64, F64]:
         """One relaxed evaluation: each block's option minimising cost + mult . resources.
@@ -234,12 +245,14 @@ def _midpoint(lo: float, hi: float) -> float:
 
 def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
                polish_blocks: int = 12, polish_nodes: int = 20_000,
-               start: F64 | None = None) -> Solution:
+               start: F64 | None = None, hint: I64 | None = None) -> Solution:
     """Lagrangian relaxation + repair + local improvement (see the module docstring). Puts of
     at most ``polish_blocks`` blocks are then polished by branch and bound seeded with that
-    choice, within ``polish_nodes`` nodes (0 turns it off). ``start``: multipliers to begin
-    the search from (a warm start, e.g. the previous plan's of the same shape); the search
-    and what it keeps are the same, it only brackets each multiplier near its start first."""
+    choice, within ``polish_nodes`` nodes (0 turns it off). Warm start (e.g. from
+    the previous plan of the same shape): ``start``, multipliers to begin the search from
+    (each is bracketed near its start first); ``hint``, a choice that, when feasible and
+    cheaper than the best the search met, is improved too (so re-planning the same put never
+    does worse than the plan before)."""
     relaxation_check(p)
     if pairs is None:
         pairs = p.shape[0] <= 64
@@ -265,6 +278,12 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
                 break
         choice, usage = f.ev(mult)
         starts: list[I64] = [] if f.best is None else [f.best]
+        if hint is not None and hint.shape == (p.shape[0],):
+            pos = np.argmax(f.order == hint[:, None], axis=1)
+            c = float(f.cost[f.rows, pos].sum())
+            if c < f.best_cost and _limit_ok(f.flat_res[:, f.offsets + pos].sum(axis=1),
+                                             f.lim).all():
+                starts.append(pos)
         if not _limit_ok(usage, f.lim).all():
             repaired = _repair(f, choice)
             if repaired is not None:
@@ -336,25 +355,59 @@ def _improve(f: _Fast, choice: I64, *, pairs: bool) -> I64:
 
 
 def _one_opt(f: _Fast, choice: I64) -> bool:
-    usage = f.res[:, f.rows, choice].sum(axis=1)
+    """Single moves that save cost within the slack, largest saving first (one per block)."""
+    flat = f.offsets + choice
+    usage = f.flat_res[:, flat].sum(axis=1)
     slack = f.lim * (1 + _REL_TOL) + 1e-12 - usage
-    dc, dr = _deltas(f, choice)
-    ok = (dc < -1e-12 * (1 + abs(f.best_cost))) & (dr <= slack[:, None, None]).all(axis=0)
+    if (slack < 0).any():
+        return False
+    dc = f.cost - f.cost.ravel()[flat][:, None]
+    ok = dc < -1e-12 * (1 + abs(f.best_cost))
+    if not ok.any():
+        return False
+    # A move changes the KL and the bytes of the tier it enters (and of the one it leaves,
+    # which only frees room): the checks per resource, without a (resources, n, m) array.
+    kl_cur, t_cur, nb_cur = (a.ravel()[flat] for a in (f.res[0], f.tier, f.nbytes))
+    room = slack[1:][f.tier]
+    enter = np.where(f.tier == t_cur[:, None], f.nbytes - nb_cur[:, None], f.nbytes)
+    ok &= (f.res[0] - kl_cur[:, None] <= slack[0]) & (enter <= room)
     if not ok.any():
         return False
     gain = np.where(ok, dc, np.inf)
     best_j = np.argmin(gain, axis=1)
     best_g = gain[f.rows, best_j]
-    changed = False
-    for i in np.argsort(best_g):
-        if not math.isfinite(best_g[i]):
+    cand = np.argsort(best_g)[:int(np.isfinite(best_g).sum())]
+    j = best_j[cand]
+    d = np.zeros((len(slack), len(cand)))
+    cols = np.arange(len(cand))
+    d[0] = f.res[0][cand, j] - kl_cur[cand]
+    d[1 + f.tier[cand, j], cols] += f.nbytes[cand, j]
+    d[1 + t_cur[cand], cols] -= nb_cur[cand]
+    # Greedy in order of saving: a move is taken if it fits what the ones before left. The
+    # prefix that fits is taken at once; past the first that does not, one by one.
+    left = slack[:, None] - np.concatenate((np.zeros((len(slack), 1)),
+                                            np.cumsum(d, axis=1)[:, :-1]), axis=1)
+    fits = (d <= left).all(axis=0)
+    stop = len(cand) if fits.all() else int(np.argmin(fits))
+    taken = list(range(stop))
+    rest = slack - d[:, :stop].sum(axis=1)
+    pos = stop
+    while pos < len(cand):
+        # Past a move that does not fit, the next that does, then the run that fits after it.
+        now = (d[:, pos:] <= rest[:, None]).all(axis=0)
+        if not now.any():
             break
-        d = dr[:, i, best_j[i]]
-        if (d <= slack).all():
-            slack -= d
-            choice[i] = best_j[i]
-            changed = True
-    return changed
+        a = pos + int(np.argmax(now))
+        dd = d[:, a:]
+        left = rest[:, None] - np.concatenate((np.zeros((len(rest), 1)),
+                                               np.cumsum(dd, axis=1)[:, :-1]), axis=1)
+        fits = (dd <= left).all(axis=0)
+        run = len(fits) if fits.all() else int(np.argmin(fits))
+        taken.extend(range(a, a + run))
+        rest = rest - dd[:, :run].sum(axis=1)
+        pos = a + run
+    choice[cand[taken]] = j[taken]
+    return True
 
 
 def _two_opt(f: _Fast, choice: I64) -> bool:
