@@ -108,8 +108,9 @@ class Planner:
                              hint=table.hint if warm else None)
         except NoFeasibleChoice as exc:
             raise self._infeasible(exc, built, blocks) from None
-        if sol.multipliers.any():
-            table.start = sol.multipliers
+        # A search that did not settle (multipliers still trading off after its rounds)
+        # is no place to start the next one from; its choice still is a candidate.
+        table.start = sol.multipliers if sol.converged and sol.multipliers.any() else None
         table.hint = sol.choice
         return self._plan(sol, built, blocks, tiers, t0)
 

@@ -96,6 +96,7 @@ class Solution:
     nodes: int = 0
     method: str = "fast"
     lower_bound: float = -math.inf   # Lagrangian dual bound: no choice costs less
+    converged: bool = True           # the multipliers settled (worth warm-starting from)
 
 
 class NoFeasibleChoice(Exception):
@@ -266,6 +267,7 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
             choice, usage = f.ev(mult)
         # A multiplier is re-searched only when another one changed since its last search.
         seen: dict[int, F64] = {}
+        converged = False
         for _ in range(rounds):
             before = mult.copy()
             for k in range(len(f.lim)):
@@ -275,6 +277,7 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
                 mult, usage = f.bisect(mult, k, usage)
                 seen[k] = others
             if _limit_ok(usage, f.lim).all() and np.allclose(before, mult, rtol=1e-3):
+                converged = True
                 break
         choice, usage = f.ev(mult)
         starts: list[I64] = [] if f.best is None else [f.best]
@@ -301,7 +304,7 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
         improved = [_improve(f, s, pairs=pairs) for s in starts]
         choice = min(improved, key=lambda c: float(f.cost[f.rows, c].sum()))
     else:
-        choice = f.best
+        choice, converged = f.best, True
     final = np.take_along_axis(f.order, choice[:, None], axis=1)[:, 0].astype(np.int64)
     c, u = p.evaluate(final)
     nodes, method = 0, "lagrangian"
@@ -310,7 +313,7 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
         if ch2 is not None and c2 < c:
             final, method = ch2, "lagrangian+bb"
             c, u = p.evaluate(final)
-    return Solution(final, c, u, mult, f.evals, nodes, method, f.lower_bound)
+    return Solution(final, c, u, mult, f.evals, nodes, method, f.lower_bound, converged)
 
 
 def _deltas(f: _Fast, choice: I64) -> tuple[F64, F64]:

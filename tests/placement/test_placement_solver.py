@@ -95,3 +95,23 @@ def test_proven_infeasible_kl() -> None:
     with pytest.raises(NoFeasibleChoice) as exc:
         solve_fast(p)
     assert exc.value.proven and exc.value.violated == [0]
+
+
+@settings(max_examples=200)
+@given(problems(), st.floats(0.2, 5.0), st.booleans())
+def test_warm_start_keeps_the_oracle_gap(p: Problem, scale: float, with_hint: bool) -> None:
+    """Started from multipliers off by a factor (and the cold choice as a hint), the solver
+    is still within 5 % of the optimum and raises exactly when the oracle finds nothing."""
+    best = _exact(p)
+    if best is None:
+        with pytest.raises(NoFeasibleChoice):
+            solve_fast(p, start=np.ones(1 + p.n_tiers))
+        return
+    cold = solve_fast(p)
+    start = cold.multipliers * scale if cold.multipliers.any() else np.full(1 + p.n_tiers,
+                                                                            scale)
+    warm = solve_fast(p, start=start, hint=cold.choice if with_hint else None)
+    assert p.feasible(warm.choice)
+    assert best - 1e-9 * max(1.0, abs(best)) <= warm.cost <= best * 1.05 + 1e-9
+    if with_hint:
+        assert warm.cost <= cold.cost + 1e-9 * max(1.0, abs(cold.cost))
