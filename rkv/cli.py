@@ -42,7 +42,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 #: VerifyReport counts printed when the engine reports them (newer engines add them).
-_VERIFY_EXTRA = ("unreachable", "unreadable_chunks", "reclaimed", "usage_fixed")
+_VERIFY_EXTRA = ("degraded", "unreachable", "unreadable_chunks", "reclaimed", "usage_fixed")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -117,6 +117,7 @@ class VerifyReport:
     dropped: int = 0
     reclaimed: int = 0
     usage_fixed: bool = False
+    degraded: int = 0             # readable with bounded noise (a tolerant plane failed)
 
     @property
     def clean(self) -> bool:

@@ -30,6 +30,7 @@ from rkv.model import ModelSpec
 from rkv.record import decode_record
 from rkv.results import (
     CORRECTED,
+    DEGRADED,
     MISSING,
     OK,
     UNCORRECTABLE,
@@ -183,7 +184,7 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
         missing=counts[MISSING], orphans=orphans, problems=problems, repaired=repaired,
         unreadable_chunks=unreadable, unreachable=unreachable, damaged_tiers=damaged,
         dropped=0 if repair else int(dropped.get("chunks", 0)), reclaimed=reclaimed,
-        usage_fixed=usage_fixed,
+        usage_fixed=usage_fixed, degraded=counts[DEGRADED],
     )
 
 

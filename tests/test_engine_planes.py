@@ -74,6 +74,9 @@ def test_low_plane_damage_reads_degraded_with_high_bytes_exact(store_path: Path,
         assert e.tiers["dram"].get(bkey) == before
         assert e.stats()["session"]["blocks_degraded"] == 1
         assert e.get(t, model=spec).counts["degraded"] == 1
+        rep = e.verify(repair=True)
+        assert rep.degraded == 1 and rep.ok == 3 and rep.repaired == 0
+        assert e.tiers["dram"].get(bkey) == before
         cfg = header_codec(decode_record(before or b"").header)
         assert cfg is not None and cfg.get_config()["width"] == w
 
