@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -45,8 +46,9 @@ def model_key(model: Any) -> str:
 
 class ModelCache:
     """``resolve_model`` and ``model_key`` per fault-model spec: a preset name or a dict is
-    resolved once (a preset is parsed from its TOML file, milliseconds); a model object is
-    keyed by its parameters on every call, so a changed model is never served stale."""
+    resolved once (a preset is parsed from its TOML file, milliseconds; a preset file edited
+    while the process runs is not re-read); a model object is keyed by its parameters on
+    every call, so a changed model is never served stale."""
 
     def __init__(self) -> None:
         self._d: dict[str, tuple[Any, str]] = {}
@@ -113,6 +115,16 @@ class ReliabilityCache:
             hit = self._d[key] = (float(p.p_due), float(p.p_sdc))
         return hit
 
+    def entries(self) -> list[tuple[str, int, str, float, float, float]]:
+        """Every answer as (code, data bytes, model key, hours, P(DUE), P(SDC))."""
+        return [(*k, *v) for k, v in self._d.items()]
+
+    def add(self, entries: Iterable[Sequence[Any]]) -> None:
+        """Take answers saved by :meth:`entries` (e.g. to skip ``predict`` in a benchmark)."""
+        for code, nbytes, mkey, hours, p_due, p_sdc in entries:
+            self._d[(str(code), int(nbytes), str(mkey), float(hours))] = (float(p_due),
+                                                                         float(p_sdc))
+
     def warm(self, requests: Iterable[tuple[str, int, Any, float]], workers: int = 1) -> int:
         """Compute the missing ``(code, data_bytes, model, hours)`` entries, in ``workers``
         processes when above 1. Returns how many were computed."""
@@ -132,6 +144,8 @@ class ReliabilityCache:
 
 
 DEFAULT_CACHE = ReliabilityCache()
+#: Fault models by spec, process-wide (a preset file is read once per process).
+MODELS = ModelCache()
 
 
 @dataclass(frozen=True)
@@ -160,26 +174,38 @@ def class_key(b: BlockInput) -> tuple[Any, ...]:
 def data_bytes(b: BlockInput, bits: int) -> int:
     """Bytes of the block's data at ``bits`` (quantized size from the quantizer itself). A
     ``k`` or ``v`` block is half of its pair's encoding (rounded up)."""
+    return _data_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, bits)
+
+
+@lru_cache(maxsize=4096)
+def _data_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, bits: int) -> int:
     from rkv.blockcodec import quantizer_for
 
-    if b.dtype not in _ITEMSIZE:
-        raise ConfigError(f"block: dtype must be one of {sorted(_ITEMSIZE)}, got {b.dtype!r}")
-    shape = (2, b.tokens, b.kv_heads, b.head_dim)
+    if dtype not in _ITEMSIZE:
+        raise ConfigError(f"block: dtype must be one of {sorted(_ITEMSIZE)}, got {dtype!r}")
+    shape = (2, tokens, heads, dim)
     q = quantizer_for(f"kivi(bits={bits})") if bits < 16 else None
-    full = (q.encoded_size(shape, b.dtype) if q is not None
-            else 2 * b.tokens * b.kv_heads * b.head_dim * _ITEMSIZE[b.dtype])
-    return full if b.kind == "kv" else -(-full // 2)
+    full = (q.encoded_size(shape, dtype) if q is not None
+            else 2 * tokens * heads * dim * _ITEMSIZE[dtype])
+    return full if kind == "kv" else -(-full // 2)
 
 
 def record_bytes(b: BlockInput, bits: int, code: str) -> int:
     """Bytes of the record the engine writes (framing, header copies, codec parity)."""
+    return _record_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, bits, code)
+
+
+@lru_cache(maxsize=4096)
+def _record_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, bits: int,
+                  code: str) -> int:
     from rkv.pipeline import Pipeline
 
-    if b.kind == "kv":
-        shape = (2, b.tokens, b.kv_heads, b.head_dim)
+    if kind == "kv":
+        shape = (2, tokens, heads, dim)
         pipe = Pipeline.parse(f"kivi(bits={bits})" if bits < 16 else "none", code)
-        return pipe.for_block(shape, b.dtype).record_bytes(shape, b.dtype)
-    return Pipeline.parse("none", code).record_bytes_for(data_bytes(b, bits))
+        return pipe.for_block(shape, dtype).record_bytes(shape, dtype)
+    nbytes = _data_bytes(tokens, kind, heads, dim, dtype, bits)
+    return Pipeline.parse("none", code).record_bytes_for(nbytes)
 
 
 def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[Any],
@@ -246,6 +272,7 @@ class Table:
     tier: I64
     start: F64 | None = None
     hint: I64 | None = None
+    last: tuple[Any, Any, F64] | None = None     # the last put's (inputs, problem, recompute)
 
     def cost(self, reuse: F64, recompute: F64) -> F64:
         """Expected cost of every (block, column); ``inf`` where not offered."""
@@ -287,8 +314,9 @@ def recompute_costs(chunk: I64, n_chunks: I64, tokens: I64, cfg: PlacementConfig
     default_tokens = int(tmax.max())
     last = int(uc[-1])
     n = np.where(n_chunks < 0, last + 1, n_chunks)
-    pairs, pinv = np.unique(np.stack((chunk, n)), axis=1, return_inverse=True)
+    width = int(n.max()) + 1
+    pairs, pinv = np.unique(chunk * width + n, return_inverse=True)
     vals = np.asarray([math.fsum(cfg.recompute_us(per_chunk.get(c, default_tokens))
-                                 for c in range(int(a), int(b)))
-                       for a, b in pairs.T.tolist()])
+                                 for c in range(a // width, a % width))
+                       for a in pairs.tolist()])
     return vals[pinv.reshape(-1)]

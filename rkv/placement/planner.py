@@ -30,7 +30,7 @@ from rkv.placement.errors import InfeasiblePlanError
 from rkv.placement.options import (
     DEFAULT_CACHE,
     LRU,
-    ModelCache,
+    MODELS,
     ReliabilityCache,
     Table,
     Template,
@@ -90,10 +90,11 @@ class Planner:
                               f"which need a quality profile (or set bits = [16])")
         self.cache = cache if cache is not None else DEFAULT_CACHE
         self.warm_start = warm_start
-        self._models = ModelCache()
+        self._models = MODELS
         self._templates: dict[tuple[Any, ...], Template] = {}
         self._kl: dict[tuple[int, str], F64] = {}
         self._tables = LRU(_TABLES)
+        self._start: F64 | None = None
 
     # ---------------------------------------------------------------- public API
     def plan(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput]) -> Plan:
@@ -103,14 +104,19 @@ class Planner:
         built = self._build(blocks, tiers)
         table = built.table
         warm = self.warm_start
+        # A new shape starts from the last settled multipliers of any shape (the same
+        # model and tiers price KL and bytes alike); its own plans take over after.
+        start = table.start if table.start is not None else self._start
         try:
-            sol = solve_fast(built.problem, start=table.start if warm else None,
+            sol = solve_fast(built.problem, start=start if warm else None,
                              hint=table.hint if warm else None)
         except NoFeasibleChoice as exc:
             raise self._infeasible(exc, built, blocks) from None
         # A search that did not settle (multipliers still trading off after its rounds)
         # is no place to start the next one from; its choice still is a candidate.
         table.start = sol.multipliers if sol.converged and sol.multipliers.any() else None
+        if table.start is not None:
+            self._start = table.start
         table.hint = sol.choice
         return self._plan(sol, built, blocks, tiers, t0)
 
@@ -129,10 +135,13 @@ class Planner:
         """The option table the solvers see (for inspection and tests)."""
         return self._build(blocks, tiers).problem
 
-    def clear(self) -> None:
-        """Forget the option tables and warm starts (``predict`` answers are kept)."""
+    def clear(self, templates: bool = True) -> None:
+        """Forget the option tables and warm starts, and with ``templates`` the per-class
+        templates too (``predict`` answers are kept)."""
         self._tables.clear()
-        self._templates.clear()
+        self._start = None
+        if templates:
+            self._templates.clear()
 
     def warm(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput],
              workers: int = 1) -> int:
@@ -169,10 +178,17 @@ class Planner:
         n_chunks = np.fromiter((-1 if c is None else c for c in map(_N_CHUNKS, blocks)),
                                np.int64, n)
         reuse = np.fromiter(map(_REUSE, blocks), np.float64, n)
-        rec = recompute_costs(chunk, n_chunks, table.tokens, self.config)
         capacity = np.asarray([t.free_bytes for t in tiers], np.float64)
-        prob = Problem(table.cost(reuse, rec), table.kl, table.nbytes, table.tier,
-                       self.config.quality_budget_kl, capacity)
+        # Per put, only these change; when none did, the last put's problem (and the
+        # solver's view of it) serves again.
+        dyn = (chunk.tobytes(), n_chunks.tobytes(), reuse.tobytes(), capacity.tobytes())
+        if table.last is not None and table.last[0] == dyn:
+            _, prob, rec = table.last
+        else:
+            rec = recompute_costs(chunk, n_chunks, table.tokens, self.config)
+            prob = Problem(table.cost(reuse, rec), table.kl, table.nbytes, table.tier,
+                           self.config.quality_budget_kl, capacity)
+            table.last = (dyn, prob, rec)
         return _Built(prob, table, names, reuse, rec)
 
     def _table(self, blocks: Sequence[BlockInput], statics: tuple[tuple[Any, ...], ...],

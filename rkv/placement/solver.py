@@ -27,7 +27,9 @@ I64 = npt.NDArray[np.int64]
 
 _REL_TOL = 1e-9
 _PAIR_CANDIDATES = 160
-_WARM_STEP = 1.05
+_BISECT_TOL = 1.002             # a multiplier is searched to this ratio
+_WARM_STEPS = (1.0015, 1.05, 1.5)   # brackets tried around a nonzero start first
+_CERTIFY = 1e-4                 # a choice this close to the dual bound ends the search
 
 
 def _limit_ok(usage: F64, limit: F64) -> npt.NDArray[np.bool_]:
@@ -67,6 +69,11 @@ class Problem:
             res[1 + k] = np.where(self.tier == k, self.nbytes, 0.0)
         lim = np.concatenate(([self.kl_budget], self.capacity)).astype(np.float64)
         return res, lim
+
+    @cached_property
+    def prepared(self) -> _Prepared:
+        """The fast solver's view (kept with the problem: solving it again skips this)."""
+        return _Prepared(self)
 
     def evaluate(self, choice: I64) -> tuple[float, F64]:
         """(total cost, per-resource usage) of a choice."""
@@ -127,12 +134,14 @@ def relaxation_check(p: Problem) -> None:
         raise NoFeasibleChoice(list(range(1, 1 + p.n_tiers)), usage, True)
 
 
-class _Fast:
+class _Prepared:
+    """A problem's tables as the fast solver reads them (computed once per problem, see
+    :attr:`Problem.prepared`): options sorted per row by (cost, kl, bytes), so argmin's
+    first minimum is the lightest of tied options; options larger than their tier's whole
+    free capacity priced out; the per-resource use of every option."""
+
     def __init__(self, p: Problem) -> None:
         n, m = p.shape
-        self.p = p
-        # Within a row, order options by (cost, kl, bytes): argmin's first minimum is then
-        # the lightest of tied options.
         self.order = np.lexsort((p.nbytes, p.kl, p.cost), axis=-1)
         self.rows = np.arange(n)
         self.offsets = self.rows * m
@@ -145,13 +154,8 @@ class _Fast:
         for k in range(p.n_tiers):
             self.res[1 + k] = np.where(self.tier == k, self.nbytes, 0.0)
         self.flat_res = self.res.reshape(len(self.lim), -1)
-        # An option larger than its tier's whole free capacity can never be used.
         over = self.nbytes > self.lim[1:][self.tier] * (1 + _REL_TOL)
         self.cost = np.where(over, np.inf, p.cost.ravel()[flat].reshape(n, m))
-        self.evals = 0
-        self.best_cost = math.inf
-        self.best: I64 | None = None
-        self.lower_bound = -math.inf
 
     @cached_property
     def scale(self) -> F64:
@@ -167,6 +171,29 @@ class _Fast:
             if ok.any():
                 scale[k] = max(float(np.median(span[ok] / rs[ok])), 1e-300)
         return scale
+
+
+class _Fast:
+    def __init__(self, p: Problem) -> None:
+        self.p = p
+        q = self.prep = p.prepared
+        self.order, self.rows, self.offsets, self.lim = q.order, q.rows, q.offsets, q.lim
+        self.tier, self.nbytes, self.res, self.flat_res = q.tier, q.nbytes, q.res, q.flat_res
+        self.cost = q.cost
+        self.evals = 0
+        self.best_cost = math.inf
+        self.best: I64 | None = None
+        self.lower_bound = -math.inf
+
+    @property
+    def scale(self) -> F64:
+        return self.prep.scale
+
+    def certified(self) -> bool:
+        """Whether the best feasible choice met is within ``_CERTIFY`` of the dual bound:
+        then no multiplier search can find a better one worth the evaluations."""
+        lb = self.lower_bound
+        return self.best is not None and self.best_cost <= lb + _CERTIFY * abs(lb)
 
     def ev(self, mult: F64) -> tuple[I64, F64]:
         """One relaxed evaluation: each block's option minimising cost + mult . resources.
@@ -194,38 +221,43 @@ class _Fast:
 
     def bisect(self, mult: F64, k: int, usage: F64) -> tuple[F64, F64]:
         """Smallest multiplier k meeting limit k (given the others), to 0.2 %. From a
-        nonzero start (a warm start, or an earlier round) the first bracket tried is that
-        value +- 5 %, so an unchanged answer costs a few evaluations, not a full search."""
+        nonzero start (a warm start, or an earlier round) the brackets tried first are that
+        value +- 0.15 %, 5 % and 50 %, so an unchanged answer costs one evaluation and a
+        nearby one a few, not a full search."""
         m = mult.copy()
         x0 = m[k]
         if self._ok(k, usage):
             if x0 == 0:
                 return m, usage
             hi, u_hi = x0, usage
-            m[k] = lo = x0 / _WARM_STEP
-            _, u = self.ev(m)
-            if self._ok(k, u):
+            for step in _WARM_STEPS:
+                m[k] = lo = x0 / step
+                _, u = self.ev(m)
+                if not self._ok(k, u):
+                    break
                 hi, u_hi = lo, u
+            else:
                 m[k] = lo = 0.0
                 _, u = self.ev(m)
                 if self._ok(k, u):
                     return m, u
         else:
             lo = x0
-            hi = x0 * _WARM_STEP if x0 > 0 else self.scale[k]
+            steps = [x0 * s for s in _WARM_STEPS] if x0 > 0 else []
+            hi = steps.pop(0) if steps else self.scale[k]
             for _ in range(60):
                 hi = min(hi, self.scale[k] * 1e18)
                 m[k] = hi
                 _, u_hi = self.ev(m)
-                if self._ok(k, u_hi):
+                if self._ok(k, u_hi) or self.certified():
                     break
                 if hi >= self.scale[k] * 1e18:
                     return m, u_hi
-                lo, hi = hi, max(hi * 16, self.scale[k])
+                lo, hi = hi, steps.pop(0) if steps else max(hi * 16, self.scale[k])
             else:
                 return m, u_hi
         for _ in range(12):
-            if lo > 0 and hi <= lo * 1.002:
+            if (lo > 0 and hi <= lo * _BISECT_TOL) or self.certified():
                 break
             mid = _midpoint(lo, hi)
             m[k] = mid
@@ -272,11 +304,12 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
             before = mult.copy()
             for k in range(len(f.lim)):
                 others = np.delete(mult, k)
-                if k in seen and np.array_equal(seen[k], others):
+                if (k in seen and np.array_equal(seen[k], others)) or f.certified():
                     continue
                 mult, usage = f.bisect(mult, k, usage)
                 seen[k] = others
-            if _limit_ok(usage, f.lim).all() and np.allclose(before, mult, rtol=1e-3):
+            if f.certified() or (_limit_ok(usage, f.lim).all()
+                                 and np.allclose(before, mult, rtol=1e-3)):
                 converged = True
                 break
         choice, usage = f.ev(mult)
@@ -286,7 +319,9 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
             c = float(f.cost[f.rows, pos].sum())
             if c < f.best_cost and _limit_ok(f.flat_res[:, f.offsets + pos].sum(axis=1),
                                              f.lim).all():
-                starts.append(pos)
+                # The hint was improved when it was planned: improving it again is what
+                # re-planning costs, and the result is never worse than it.
+                starts = [pos]
         if not _limit_ok(usage, f.lim).all():
             repaired = _repair(f, choice)
             if repaired is not None:

@@ -115,7 +115,7 @@ def _blocks(hours: float = 24.0, reuse: float = 1.0) -> list[BlockInput]:
 def test_a_changed_input_rebuilds_the_table(change: str) -> None:
     """Each input the table depends on is in its key: after the change the cached planner
     plans what a fresh one does, and for these changes that plan differs."""
-    pl = planner(1.0)
+    pl = planner(1.0, warm_start=False)
     bs, ts = _blocks(), tiers(1 << 30)
     before = pl.plan(bs, ts)
     if change == "fault model":      # a noisier DRAM needs a code
@@ -126,7 +126,7 @@ def test_a_changed_input_rebuilds_the_table(change: str) -> None:
         ts = tiers(1 << 30, latency=5e4)
     else:                            # K and V apart: twice the blocks, other sizes
         bs = [replace(b, kind=k) for b in bs for k in "kv"]
-    after, fresh = pl.plan(bs, ts), planner(1.0).plan(bs, ts)
+    after, fresh = pl.plan(bs, ts), planner(1.0, warm_start=False).plan(bs, ts)
     same(after, fresh)
     assert len(pl._tables) == 2
     assert (after.block_tier, after.block_code) != (before.block_tier, before.block_code)
@@ -134,12 +134,12 @@ def test_a_changed_input_rebuilds_the_table(change: str) -> None:
 
 def test_reuse_and_position_are_applied_per_put() -> None:
     """Reuse and chunk position are not in the key: one table, yet the plans follow them."""
-    pl = planner(1.0)
+    pl = planner(1.0, warm_start=False)
     ts = tiers(1 << 30, latency=30.0)
     hot = pl.plan(_blocks(reuse=50.0), ts)
     cold = pl.plan(_blocks(reuse=0.0), ts)
     assert len(pl._tables) == 1
-    same(cold, planner(1.0).plan(_blocks(reuse=0.0), ts))
+    same(cold, planner(1.0, warm_start=False).plan(_blocks(reuse=0.0), ts))
     assert hot.block_tier != cold.block_tier or hot.block_code != cold.block_code
 
 
