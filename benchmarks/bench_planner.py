@@ -188,6 +188,12 @@ def warm_predict(args: argparse.Namespace) -> dict[str, Any]:
             "from_file": str(cache) if cache is not None and cache.exists() else None}
 
 
+def _other_shape(pl: Planner, other: list[BlockInput], ts: list[TierInput]) -> None:
+    """Forget the tables, then plan another shape: the next plan is of a new shape."""
+    pl.clear(templates=False)
+    pl.plan(other, ts)
+
+
 def _plan_next(pl: Planner, bs: list[BlockInput], ts: Iterator[list[TierInput]]) -> Any:
     return pl.plan(bs, next(ts))
 
@@ -208,9 +214,8 @@ def standalone(args: argparse.Namespace, dram_free: int) -> dict[str, Any]:
 
         cold, _ = timed(fresh, args.repeat)
         pl = Planner(config(kl), profile())
-        pl.plan(other, ts)
         shape, _ = timed(partial(pl.plan, bs, ts), args.repeat,
-                         before=partial(pl.clear, templates=False))
+                         before=partial(_other_shape, pl, other, ts))
         pl.plan(bs, ts)
         steady, plan = timed(partial(pl.plan, bs, ts), args.repeat)
         # DRAM free space moving by up to +-10 % from put to put: a new problem each time,

@@ -273,6 +273,7 @@ class Table:
     start: F64 | None = None
     hint: I64 | None = None
     last: tuple[Any, Any, F64] | None = None     # the last put's (inputs, problem, recompute)
+    checked: bool = False                        # a warm plan was checked against a cold one
 
     def cost(self, reuse: F64, recompute: F64) -> F64:
         """Expected cost of every (block, column); ``inf`` where not offered."""

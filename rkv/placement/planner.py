@@ -14,6 +14,7 @@ tier <= its free capacity (:mod:`rkv.placement.solver`). Infeasible targets rais
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ _CHUNK, _N_CHUNKS, _REUSE = attrgetter("chunk"), attrgetter("n_chunks"), attrget
 _STATIC = attrgetter("tokens", "kind", "kv_heads", "head_dim", "dtype", "residency_hours",
                      "layer")
 _TABLES = 32     # put shapes kept per planner
+_RECHECK = 0.01  # a warm-started plan further than this from its bound is checked cold
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,15 @@ class Planner:
         try:
             sol = solve_fast(built.problem, start=start if warm else None,
                              hint=table.hint if warm else None)
+            if warm and start is not None and not table.checked and _gap(sol) > _RECHECK:
+                # The search is path-dependent: the first warm-started plan of a shape that
+                # lands far from its bound is checked against a cold search, once per shape
+                # (its plans after are never worse than the better of the two).
+                table.checked = True
+                cold = solve_fast(built.problem)
+                lb = max(sol.lower_bound, cold.lower_bound)
+                sol = cold if cold.cost < sol.cost else sol
+                sol.lower_bound = lb
         except NoFeasibleChoice as exc:
             raise self._infeasible(exc, built, blocks) from None
         # A search that did not settle (multipliers still trading off after its rounds)
@@ -328,6 +339,11 @@ class Planner:
                  for k in exc.violated]
         how = "no plan meets" if exc.proven else "the planner found no plan meeting"
         return InfeasiblePlanError(f"{how} {' and '.join(names)} together", "combined")
+
+
+def _gap(sol: Solution) -> float:
+    lb = sol.lower_bound
+    return sol.cost / lb - 1 if lb > 0 else (0.0 if sol.cost <= 0 else math.inf)
 
 
 def _over(p: Problem, use: F64) -> npt.NDArray[np.bool_]:

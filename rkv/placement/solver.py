@@ -312,6 +312,10 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
                                  and np.allclose(before, mult, rtol=1e-3)):
                 converged = True
                 break
+            # Multipliers that moved less than the warm bracket in the last round are worth
+            # starting from even when the relaxed choice at them is not feasible (repair
+            # finishes that plan); ones still moving more are not.
+            converged = bool(np.allclose(before, mult, rtol=_WARM_STEPS[1] - 1))
         choice, usage = f.ev(mult)
         starts: list[I64] = [] if f.best is None else [f.best]
         if hint is not None and hint.shape == (p.shape[0],):
@@ -360,7 +364,9 @@ def _deltas(f: _Fast, choice: I64) -> tuple[F64, F64]:
 
 def _repair(f: _Fast, choice: I64) -> I64 | None:
     """Greedy: move blocks to options that cut the violated resources at the least cost per
-    unit cut, never pushing another resource over its limit."""
+    unit cut, never pushing another resource over its limit. A block's moves depend only on
+    its own choice, so each round ranks every block's best move once and takes them in that
+    order while the set of violated resources stays the same (then ranks again)."""
     choice = choice.copy()
     norm = np.maximum(f.lim, 1e-12)[:, None, None]
     for _ in range(4 * len(f.rows) + 8):
@@ -376,8 +382,21 @@ def _repair(f: _Fast, choice: I64) -> I64 | None:
             return None
         ratio = np.where(ok, np.maximum(dc, 0) / np.where(ok, gain, 1) + np.minimum(dc, 0),
                          np.inf)
-        i, j = np.unravel_index(int(np.argmin(ratio)), ratio.shape)
-        choice[i] = j
+        best_j = np.argmin(ratio, axis=1)
+        best_r = ratio[f.rows, best_j]
+        cand = np.argsort(best_r, kind="stable")[:int(np.isfinite(best_r).sum())]
+        moves = dr[:, cand, best_j[cand]].T.tolist()
+        used = usage.tolist()
+        lim = (f.lim * (1 + _REL_TOL) + 1e-12).tolist()
+        hard = [not v for v in viol.tolist()]
+        top = f.lim.tolist()
+        for i, d in zip(cand.tolist(), moves, strict=True):
+            if any(h and u + x > t for h, u, x, t in zip(hard, used, d, top, strict=True)):
+                continue
+            choice[i] = best_j[i]
+            used = [u + x for u, x in zip(used, d, strict=True)]
+            if any(not h and u <= m for h, u, m in zip(hard, used, lim, strict=True)):
+                break          # a violated resource is met: rank again
     return None
 
 
