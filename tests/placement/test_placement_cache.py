@@ -239,3 +239,27 @@ def test_warm_start_is_no_worse_than_cold(seed: int) -> None:
     assert p.feasible(warm.choice)
     assert warm.cost <= cold.cost * (1 + WARM_TOLERANCE)
     assert warm.cost >= max(cold.lower_bound, warm.lower_bound) - 1e-9 * abs(cold.cost)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(3, 6), st.integers(4, 10), st.floats(0.02, 0.3), st.floats(0.1, 1.0))
+def test_a_new_shape_started_warm_is_within_1_percent_of_cold(
+        layers: int, chunks: int, kl: float, dram: float) -> None:
+    """A new shape's search starts from another shape's multipliers; a plan landing over
+    1 % from its bound is checked against a cold search, so the first plan of a shape is
+    never more than 1 % above what a fresh planner finds."""
+    def put(n: int) -> list[BlockInput]:
+        return [BlockInput(layer % 3, kind, c, 32, 24.0, 2.0, 2, 16) for c in range(n)
+                for layer in range(layers) for kind in "kv"]
+
+    cap = int(dram * 4096 * layers * chunks)
+    pl = planner(kl)
+    try:
+        pl.plan(put(chunks - 1), tiers(cap))
+        cold = planner(kl).plan(put(chunks), tiers(cap))
+    except InfeasiblePlanError:
+        return
+    warm = pl.plan(put(chunks), tiers(cap))
+    assert warm.kl <= kl * (1 + 1e-9) and warm.tier_bytes["dram"] <= cap
+    assert warm.total_cost_us <= cold.total_cost_us * (1 + WARM_TOLERANCE)
