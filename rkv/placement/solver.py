@@ -27,6 +27,7 @@ I64 = npt.NDArray[np.int64]
 
 _REL_TOL = 1e-9
 _PAIR_CANDIDATES = 160
+_BATCH_REPAIR = 64              # above this many blocks, repair moves in batches
 _BISECT_TOL = 1.002             # a multiplier is searched to this ratio
 _WARM_STEPS = (1.0015, 1.05, 1.5)   # brackets tried around a nonzero start first
 _CERTIFY = 1e-4                 # a choice this close to the dual bound ends the search
@@ -365,9 +366,11 @@ def _deltas(f: _Fast, choice: I64) -> tuple[F64, F64]:
 def _repair(f: _Fast, choice: I64) -> I64 | None:
     """Greedy: move blocks to options that cut the violated resources at the least cost per
     unit cut, never pushing another resource over its limit. A block's moves depend only on
-    its own choice, so each round ranks every block's best move once and takes them in that
-    order while the set of violated resources stays the same (then ranks again)."""
+    its own choice, so on puts of more than 64 blocks each round ranks every block's best
+    move once and takes them in that order while the set of violated resources stays the
+    same (then ranks again); smaller puts take one move per round (the best overall)."""
     choice = choice.copy()
+    batch = len(f.rows) > _BATCH_REPAIR
     norm = np.maximum(f.lim, 1e-12)[:, None, None]
     for _ in range(4 * len(f.rows) + 8):
         usage = f.res[:, f.rows, choice].sum(axis=1)
@@ -395,7 +398,8 @@ def _repair(f: _Fast, choice: I64) -> I64 | None:
                 continue
             choice[i] = best_j[i]
             used = [u + x for u, x in zip(used, d, strict=True)]
-            if any(not h and u <= m for h, u, m in zip(hard, used, lim, strict=True)):
+            if not batch or any(not h and u <= m
+                                for h, u, m in zip(hard, used, lim, strict=True)):
                 break          # a violated resource is met: rank again
     return None
 
