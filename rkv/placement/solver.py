@@ -220,7 +220,8 @@ class _Fast:
     def _ok(self, k: int, usage: F64) -> bool:
         return bool(usage[k] <= self.lim[k] * (1 + _REL_TOL) + 1e-12)
 
-    def bisect(self, mult: F64, k: int, usage: F64) -> tuple[F64, F64]:
+    def bisect(self, mult: F64, k: int, usage: F64, tol: float = _BISECT_TOL
+               ) -> tuple[F64, F64]:
         """Smallest multiplier k meeting limit k (given the others), to 0.2 %. From a
         nonzero start (a warm start, or an earlier round) the brackets tried first are that
         value +- 0.15 %, 5 % and 50 %, so an unchanged answer costs one evaluation and a
@@ -258,7 +259,7 @@ class _Fast:
             else:
                 return m, u_hi
         for _ in range(12):
-            if (lo > 0 and hi <= lo * _BISECT_TOL) or self.certified():
+            if (lo > 0 and hi <= lo * tol) or self.certified():
                 break
             mid = _midpoint(lo, hi)
             m[k] = mid
@@ -301,13 +302,14 @@ def solve_fast(p: Problem, *, rounds: int = 4, pairs: bool | None = None,
         # A multiplier is re-searched only when another one changed since its last search.
         seen: dict[int, F64] = {}
         converged = False
-        for _ in range(rounds):
+        for r in range(rounds):
             before = mult.copy()
+            tol = _BISECT_TOL if r or start is not None else 1.05
             for k in range(len(f.lim)):
                 others = np.delete(mult, k)
                 if (k in seen and np.array_equal(seen[k], others)) or f.certified():
                     continue
-                mult, usage = f.bisect(mult, k, usage)
+                mult, usage = f.bisect(mult, k, usage, tol)
                 seen[k] = others
             if f.certified() or (_limit_ok(usage, f.lim).all()
                                  and np.allclose(before, mult, rtol=1e-3)):
