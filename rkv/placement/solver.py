@@ -245,17 +245,19 @@ class _Fast:
                     return m, u
         else:
             lo = x0
+            # Near a warm start first (no scale needed), then growing by x16 up to a cap.
             steps = [x0 * s for s in _WARM_STEPS] if x0 > 0 else []
-            hi = steps.pop(0) if steps else self.scale[k]
-            for _ in range(60):
-                hi = min(hi, self.scale[k] * 1e18)
+            for _ in range(60 + len(steps)):
+                near = bool(steps)
+                hi = steps.pop(0) if near else min(max(lo * 16, self.scale[k]),
+                                                   self.scale[k] * 1e18)
                 m[k] = hi
                 _, u_hi = self.ev(m)
                 if self._ok(k, u_hi) or self.certified():
                     break
-                if hi >= self.scale[k] * 1e18:
+                if not near and hi >= self.scale[k] * 1e18:
                     return m, u_hi
-                lo, hi = hi, steps.pop(0) if steps else max(hi * 16, self.scale[k])
+                lo = hi
             else:
                 return m, u_hi
         for _ in range(12):
