@@ -9,7 +9,9 @@ misses them is simply not offered, ``cost = inf``.)
 finds the multipliers by coordinate-wise bracketing and bisection (each evaluation is one
 vectorised argmin over the option table), keeps the cheapest feasible choice it meets, repairs
 an infeasible one greedily, then improves it by single moves and by pairs of moves that trade
-one block's resource for another's. :func:`solve_exact` is branch and bound, for small
+one block's resource for another's (:mod:`rkv.placement.localsearch`). The search can start
+warm, from the multipliers and the choice of an earlier plan, and stops early once its best
+choice is within 0.01 % of the dual bound. :func:`solve_exact` is branch and bound, for small
 instances and as the tests' oracle.
 """
 
