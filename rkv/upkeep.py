@@ -278,8 +278,10 @@ def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
             "ecc": tc.ecc, **engine._tiers[name].stats(), "mix": mix.tier(name),
         }
     if engine._placement is not None:
+        timing = engine._placement.timing
         session = {**session, "lossy_demotions": engine._decide.lossy,
-                   "placement_fallbacks": engine._decide.fallbacks}
+                   "placement_fallbacks": engine._decide.fallbacks,
+                   "plans": int(timing["plans"]), "plan_us": int(timing["plan_us"])}
     return {
         "path": str(engine.root),
         "store_id": engine.identity.id,

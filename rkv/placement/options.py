@@ -87,43 +87,54 @@ class LRU(OrderedDict[Any, Any]):
             self.popitem(last=False)
 
 
-def _predict_job(args: tuple[str, int, dict[str, Any], float]) -> tuple[float, float]:
+def _predict_job(args: tuple[str, int, dict[str, Any], float]) -> tuple[float, float, float]:
     from rkv.faults.reliability import predict
 
     code, nbytes, params, hours = args
     p = predict(code, nbytes, resolve_model(params), hours)
-    return float(p.p_due), float(p.p_sdc)
+    return float(p.p_due), float(p.p_sdc), float(p.p_degraded)
 
 
 class ReliabilityCache:
-    """(P(DUE), P(SDC)) by (code, data bytes, model parameters, hours)."""
+    """(P(DUE), P(SDC), P(degraded)) by (code, data bytes, model parameters, hours)."""
 
     def __init__(self) -> None:
-        self._d: dict[tuple[str, int, str, float], tuple[float, float]] = {}
+        self._d: dict[tuple[str, int, str, float], tuple[float, float, float]] = {}
 
     def __len__(self) -> int:
         return len(self._d)
 
     def get(self, code: str, data_bytes: int, model: Any, hours: float,
             mkey: str | None = None) -> tuple[float, float]:
+        """(P(DUE), P(SDC))."""
+        return self.outcomes(code, data_bytes, model, hours, mkey)[:2]
+
+    def outcomes(self, code: str, data_bytes: int, model: Any, hours: float,
+                 mkey: str | None = None) -> tuple[float, float, float]:
+        """(P(DUE), P(SDC), P(degraded)): the last is non-zero only for layouts with a
+        tolerant part (byte planes)."""
         key = (code, int(data_bytes), mkey or model_key(model), float(hours))
         hit = self._d.get(key)
         if hit is None:
             from rkv.faults.reliability import predict
 
             p = predict(code, int(data_bytes), model, float(hours))
-            hit = self._d[key] = (float(p.p_due), float(p.p_sdc))
+            hit = self._d[key] = (float(p.p_due), float(p.p_sdc), float(p.p_degraded))
         return hit
 
-    def entries(self) -> list[tuple[str, int, str, float, float, float]]:
-        """Every answer as (code, data bytes, model key, hours, P(DUE), P(SDC))."""
+    def entries(self) -> list[tuple[Any, ...]]:
+        """Every answer as (code, data bytes, model key, hours, P(DUE), P(SDC),
+        P(degraded))."""
         return [(*k, *v) for k, v in self._d.items()]
 
     def add(self, entries: Iterable[Sequence[Any]]) -> None:
-        """Take answers saved by :meth:`entries` (e.g. to skip ``predict`` in a benchmark)."""
-        for code, nbytes, mkey, hours, p_due, p_sdc in entries:
-            self._d[(str(code), int(nbytes), str(mkey), float(hours))] = (float(p_due),
-                                                                         float(p_sdc))
+        """Take answers saved by :meth:`entries` (e.g. to skip ``predict`` in a benchmark);
+        entries saved before P(degraded) existed (six fields) count it as 0."""
+        for e in entries:
+            code, nbytes, mkey, hours, p_due, p_sdc = e[:6]
+            deg = float(e[6]) if len(e) > 6 else 0.0
+            self._d[(str(code), int(nbytes), str(mkey), float(hours))] = (
+                float(p_due), float(p_sdc), deg)
 
     def warm(self, requests: Iterable[tuple[str, int, Any, float]], workers: int = 1) -> int:
         """Compute the missing ``(code, data_bytes, model, hours)`` entries, in ``workers``
@@ -165,6 +176,7 @@ class Template:
     cap_cost: F64
     meets: npt.NDArray[np.bool_]
     kept: npt.NDArray[np.bool_]
+    p_degraded: F64 | None = None     # tolerant layouts only (None: all zero)
 
 
 def class_key(b: BlockInput) -> tuple[Any, ...]:
@@ -212,16 +224,20 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
                    mkeys: Sequence[str], cfg: PlacementConfig,
                    cache: ReliabilityCache) -> Template:
     rows: list[tuple[int, int, int, int, int, float, float, float, float]] = []
+    degraded: list[float] = []
     for ti, tier in enumerate(tiers):
         weight = float(cfg.capacity_cost.get(tier.name, 0.0)) / GIB
         for bits in cfg.bits:
             nbytes = data_bytes(b, bits)
             for ci, code in enumerate(cfg.codes):
+                if bits < 16 and by_value(code):
+                    continue      # byte planes split values, not quantized codes
                 rec = record_bytes(b, bits, code)
-                p_due, p_sdc = cache.get(code, nbytes, models[ti], b.residency_hours,
-                                         mkeys[ti])
+                p_due, p_sdc, p_deg = cache.outcomes(code, nbytes, models[ti],
+                                                     b.residency_hours, mkeys[ti])
                 read = tier.latency_us + rec / (tier.read_gbps * 1e3)
                 rows.append((ti, bits, ci, rec, nbytes, p_due, p_sdc, read, weight * rec))
+                degraded.append(p_deg)
     a = list(zip(*rows, strict=True))
     t = Template(
         tier=np.asarray(a[0], np.int64), bits=np.asarray(a[1], np.int64),
@@ -244,8 +260,18 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
     tie_first = (~strictly) & (idx[None, :] < idx[:, None])
     dominated = (same & ok & no_better & (strictly | tie_first)).any(axis=1)
     kept = t.meets & ~dominated
+    deg = np.asarray(degraded, np.float64)
     return Template(t.tier, t.bits, t.code, t.record_bytes, t.data_bytes, t.p_due, t.p_sdc,
-                    t.read_us, t.cap_cost, t.meets, kept)
+                    t.read_us, t.cap_cost, t.meets, kept, deg if deg.any() else None)
+
+
+@lru_cache(maxsize=256)
+def by_value(code: str) -> bool:
+    """True for codes laid out by value (byte planes): only for unquantized blocks."""
+    from rkv.blockcodec import codec_for
+
+    c = codec_for(code)
+    return c is not None and c.parts(1) is not None
 
 
 @dataclass
@@ -288,9 +314,11 @@ class Table:
 
 
 def build_table(templates: Sequence[Template], cls: I64, kl_rows: F64, kl_idx: I64,
-                bits: Sequence[int], tokens: I64) -> Table:
+                bits: Sequence[int], tokens: I64, deg_kl: F64 | None = None) -> Table:
     """The table of blocks whose template is ``templates[cls[i]]`` and whose KL per bit-width
-    (in ``bits`` order) is ``kl_rows[kl_idx[i]]``; vectorised gathers only."""
+    (in ``bits`` order) is ``kl_rows[kl_idx[i]]``; vectorised gathers only. ``deg_kl``:
+    what a degraded read of the block costs (per KL row; inf: unknown, so layouts that can
+    degrade are not offered)."""
     stack = {f: np.stack([getattr(t, f) for t in templates])
              for f in ("tier", "bits", "record_bytes", "read_us", "cap_cost", "p_due", "kept")}
     # Only the columns some block may take reach the solver (most options are pruned).
@@ -299,8 +327,21 @@ def build_table(templates: Sequence[Template], cls: I64, kl_rows: F64, kl_idx: I
     lut = np.zeros(max(bits) + 1, np.int64)
     lut[list(bits)] = np.arange(len(bits))
     kl = np.take_along_axis(kl_rows[kl_idx], lut[sub["bits"]], axis=1)
+    kept = sub["kept"]
+    if any(t.p_degraded is not None for t in templates):
+        # A degraded read (a tolerant low byte plane failed) returns values within one unit
+        # of their high byte: charged, in expectation, the block's KL at the fewest bits its
+        # profile has; without a profile that cost is unknown and such layouts are dropped.
+        deg = np.stack([np.zeros(len(t.tier)) if t.p_degraded is None else t.p_degraded
+                        for t in templates])[:, cols][cls]
+        per = (np.full(len(kl_rows), np.inf) if deg_kl is None else deg_kl)[kl_idx]
+        with np.errstate(invalid="ignore"):
+            extra = np.where(deg > 0, deg * per[:, None], 0.0)
+        bad = ~np.isfinite(extra)
+        kept = kept & ~bad
+        kl = kl + np.where(bad, 0.0, extra)
     return Table(tuple(templates), cls, cols, tokens, sub["read_us"], sub["p_due"],
-                 sub["cap_cost"], sub["kept"], kl, sub["record_bytes"], sub["tier"])
+                 sub["cap_cost"], kept, kl, sub["record_bytes"], sub["tier"])
 
 
 def recompute_costs(chunk: I64, n_chunks: I64, tokens: I64, cfg: PlacementConfig) -> F64:

@@ -227,8 +227,11 @@ class Planner:
                 raise self._reliability_error(blocks[i], t, names)
             templates.append(t)
         kl_rows = np.stack([self._kl_row(layer, kind) for layer, kind in kinds])
+        prof = self.profile
+        deg_kl = np.asarray([_degraded_kl(prof, layer, kind) for layer, kind in kinds],
+                            np.float64)
         tokens = np.fromiter((s[0] for s in statics), np.int64, len(statics))
-        return build_table(templates, cls, kl_rows, kl_idx, cfg.bits, tokens)
+        return build_table(templates, cls, kl_rows, kl_idx, cfg.bits, tokens, deg_kl)
 
     def _kl_row(self, layer: int, kind: str) -> F64:
         row = self._kl.get((layer, kind))
@@ -368,3 +371,14 @@ def plan_exact(blocks: Sequence[BlockInput], tiers: Sequence[TierInput],
                profile: ProfileLike = None, *, max_nodes: int = 5_000_000) -> Plan:
     """One-shot :meth:`Planner.plan_exact`."""
     return Planner(config, profile).plan_exact(blocks, tiers, max_nodes=max_nodes)
+
+
+def _degraded_kl(prof: QualityProfile | None, layer: int, kind: str) -> float:
+    """A degraded read's KL for the block; inf (layouts that can degrade are not offered)
+    without a profile entry to bound it."""
+    if prof is None:
+        return math.inf
+    try:
+        return prof.degraded_kl(layer, kind)
+    except ConfigError:
+        return math.inf

@@ -66,6 +66,19 @@ class QualityProfile:
                               ) from None
 
 
+    def degraded_kl(self, layer: int, kind: str) -> float:
+        """What a degraded read of the block costs: its KL at the fewest bits the profile
+        has (2, else 4, else 8). A failed tolerant low byte plane leaves every float16 value
+        within one unit of its E5M2 high byte, finer than 2-bit KIVI, so this bounds it."""
+        for bits in (2, 4, 8):
+            try:
+                return self.kl(layer, kind, bits)
+            except ConfigError:
+                continue
+        raise ConfigError(f"quality profile has no lossy entry for layer {layer} "
+                          f"{kind.upper()}: a degraded read's cost is unknown")
+
+
 def _parse_key(key: Any) -> tuple[int, str, int]:
     try:
         if isinstance(key, str):
