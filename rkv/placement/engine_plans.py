@@ -170,8 +170,10 @@ class EnginePlacement:
         planner = self.planner(spec)
         one = self._fixed.get((fp, bits))
         if one is None:
-            one = self._fixed[fp, bits] = Planner(replace(planner.config, bits=(bits,)),
-                                                  planner.profile, planner.cache)
+            # The bits are kept, so is the KL the block already costs: a budget lowered
+            # since it was stored must not turn its re-plan into a fallback.
+            fixed = replace(planner.config, bits=(bits,), quality_budget_kl=1e300)
+            one = self._fixed[fp, bits] = Planner(fixed, planner.profile, planner.cache)
         block = BlockInput(layer, "kv", pos, tokens, self.cfg.residency_hours, self.cfg.reuse,
                            spec.n_kv_heads, spec.head_dim, spec.dtype, pos + 1)
         b = one.plan([block], [self.tier_input(tier)]).blocks[0]

@@ -176,3 +176,18 @@ def test_unknown_bits_are_never_requantized(tmp_path: Path) -> None:
         assert {b[:2] for b in blocks(e, FIRST)} == {("nvme", 16)}   # moved, labelled, kept
         assert e.get(FIRST, model=SPEC).ok
         assert e.stats()["session"]["lossy_demotions"] == 0
+
+
+def test_a_lowered_budget_still_replans_a_quantized_blocks_code(tmp_path: Path) -> None:
+    """Stored at 4 bits under a generous budget, reopened with none left and lossy demotion
+    off: the demotion keeps the bits and re-plans the code (no fallback to the tier's)."""
+    tokens = list(range(16))
+    with Engine.open(tmp_path / "s", config(tmp_path, 1.0, False)) as e:
+        e.put(tokens, random_kv(SPEC, 16), model=SPEC)
+        assert {b[1] for b in blocks(e, tokens)} == {4}
+    with Engine.open(tmp_path / "s", config(tmp_path, 0.0, False)) as e:
+        for i in range(1, 4):
+            e.put(list(range(1000 * i, 1000 * i + 16)), random_kv(SPEC, 16, seed=i),
+                  model=SPEC)
+        assert {b[:2] for b in blocks(e, tokens)} == {("nvme", 4)}
+        assert e.stats()["session"]["placement_fallbacks"] == 0
