@@ -252,11 +252,16 @@ class PlanesCodec(Codec):
             return None, 0, "low plane fails its checksum"
         return low, res.n_corrected, ""
 
-    def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
+    def _open(self, buf: BytesLike, erasures: Iterable[int] | None
+              ) -> tuple[U8, np.ndarray, int, int, tuple[U8, bytes, int] | DecodeResult]:
+        """(buffer, erasures, data bytes, high plane's encoded length, its decoding)."""
         b = as_u8(buf)
         eras = normalize_erasures(erasures, b.size)
         n, h, henc = self._cut(b.size)
-        hi = self._high_plane(b, henc, h, eras)
+        return b, eras, n, henc, self._high_plane(b, henc, h, eras)
+
+    def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
+        b, eras, n, henc, hi = self._open(buf, erasures)
         if isinstance(hi, DecodeResult):
             return hi
         high, digest, fixed = hi
@@ -276,10 +281,7 @@ class PlanesCodec(Codec):
         itself fails or the layout is not tolerant: the block is lost."""
         if not self._tolerant:
             return None
-        b = as_u8(buf)
-        eras = normalize_erasures(erasures, b.size)
-        n, h, henc = self._cut(b.size)
-        hi = self._high_plane(b, henc, h, eras)
+        b, eras, n, henc, hi = self._open(buf, erasures)
         if isinstance(hi, DecodeResult):
             return None
         high, digest, fixed = hi
