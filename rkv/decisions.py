@@ -101,6 +101,8 @@ class Decisions:
         self.ix, self.tiers, self.config, self.codecs = ix, tiers, config, codecs
         #: Plans a moving block's code for its new tier (None: the tier's codec).
         self.placement = placement
+        #: Learns expected reuse and residency for placement (policies.estimate), or None.
+        self.estimator = getattr(placement, "estimator", None)
         self.fallbacks = 0
         self.lossy = 0                 # blocks re-quantized to fewer bits by a demotion
         self.lossy_plans: Any = None   # rkv.placement.demotion.LossyPlans, when needed
@@ -166,6 +168,8 @@ class Decisions:
                 if tier in self.policies:
                     self.policies[tier].on_insert(item_for(key, meta, tier), at / 1e9)
         self._events.clear()      # their access times are in the index already
+        if self.estimator is not None:   # forget what another process (or a rollback) removed
+            self.estimator.retain(lambda key, tier: key in self.policies.get(tier, ()))
         self._built = True
         self.rebuilds += 1
 
@@ -256,6 +260,8 @@ class Decisions:
                     del self.queued[k]
 
     def _hit(self, key: bytes, now: float) -> None:
+        if self.estimator is not None:
+            self.estimator.on_access(key, True, now)
         for name, pol in self.policies.items():
             if key in pol:
                 pol.on_access(key, True, now)
@@ -319,10 +325,15 @@ class Decisions:
         )
 
     def inserted(self, key: bytes, meta: ChunkMeta, tier: str, now: float) -> None:
-        self.policies[tier].on_insert(item_for(key, meta, tier), now)
+        item = item_for(key, meta, tier)
+        self.policies[tier].on_insert(item, now)
+        if self.estimator is not None:
+            self.estimator.on_insert(item, now)
 
     def removed(self, key: bytes, reason: Reason) -> None:
         """A chunk left the store (deleted, evicted, dropped): every tier's policy forgets it."""
+        if self.estimator is not None:
+            self.estimator.on_remove(key, reason, time.time())
         for pol in self.policies.values():
             if key in pol:
                 pol.on_remove(key, reason)
@@ -413,6 +424,10 @@ class Decisions:
         self.policies[src].on_remove(key, reason)
         if key in self.policies[dst]:
             self.policies[dst].on_remove(key, reason)
-        self.policies[dst].on_insert(item_for(key, new, dst), time.time())
+        item, now = item_for(key, new, dst), time.time()
+        self.policies[dst].on_insert(item, now)
+        if self.estimator is not None:
+            self.estimator.on_remove(key, reason, now, src)
+            self.estimator.on_insert(item, now)
         stats["demoted" if reason is Reason.DEMOTED else "promoted"] += 1
         return True

@@ -277,11 +277,13 @@ def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
             "capacity_bytes": tc.capacity_bytes, "fault_model": tc.fault_model,
             "ecc": tc.ecc, **engine._tiers[name].stats(), "mix": mix.tier(name),
         }
+    placed: dict[str, Any] = {}
     if engine._placement is not None:
         timing = engine._placement.timing
-        session = {**session, "lossy_demotions": engine._decide.lossy,
-                   "placement_fallbacks": engine._decide.fallbacks,
-                   "plans": int(timing["plans"]), "plan_us": int(timing["plan_us"])}
+        placed = {"lossy_demotions": engine._decide.lossy,
+                  "placement_fallbacks": engine._decide.fallbacks,
+                  "plans": int(timing["plans"]), "plan_us": int(timing["plan_us"]),
+                  "estimates": engine._placement.estimates()}
     return {
         "path": str(engine.root),
         "store_id": engine.identity.id,
@@ -295,5 +297,5 @@ def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
         "models": [{"fingerprint": fp.hex(), **(spec or {"damaged": True})}
                    for fp, spec in models.items()],
         "tiers": tiers,
-        "session": session,
+        "session": {**session, **placed},
     }

@@ -30,7 +30,7 @@ KINDS = ("k", "v", "kv")
 DEFAULT_RECOMPUTE_US_PER_TOKEN = 100.0
 _KEYS = ("max_p_sdc", "max_p_due", "quality_budget_kl", "recompute_us_per_token",
          "recompute_us_per_chunk", "bits", "codes", "capacity_cost", "lossy_demotion",
-         "residency_hours", "reuse", "profile")
+         "residency_hours", "reuse", "estimate", "profile")
 
 
 def _prob(d: Mapping[str, Any], key: str, default: float) -> float:
@@ -63,9 +63,12 @@ class PlacementConfig:
     checksum alone). ``capacity_cost``: per tier name, microseconds-equivalent per GiB stored
     (tiers not named cost 0). ``lossy_demotion``: whether a later demotion may re-quantize a
     block (recorded for the demotion re-planner; the put planner does not use it).
-    For the engine: ``residency_hours`` and ``reuse`` (reads) expected of a stored block, and
-    ``profile``, the quality profile (a path or a shipped name; empty: the shipped profile
-    for the model's fingerprint, if any; with none, only 16 bits are planned).
+    For the engine: ``residency_hours`` and ``reuse`` (reads) expected of a stored block
+    (with ``estimate``, the default, only until the engine has learned them per tier and
+    chunk depth from what its policies see: :mod:`policies.estimate`; ``estimate = false``
+    pins these values), and ``profile``, the quality profile (a path or a shipped name;
+    empty: the shipped profile for the model's fingerprint, if any; with none, only 16 bits
+    are planned).
     """
 
     max_p_sdc: float = 1e-15
@@ -79,6 +82,7 @@ class PlacementConfig:
     lossy_demotion: bool = False
     residency_hours: float = 24.0
     reuse: float = 1.0
+    estimate: bool = True
     profile: str = ""
 
     def __post_init__(self) -> None:
@@ -125,9 +129,10 @@ class PlacementConfig:
         if not isinstance(self.profile, str):
             raise ConfigError(f"placement: profile must be a path or a name, "
                               f"got {self.profile!r}")
-        if not isinstance(self.lossy_demotion, bool):
-            raise ConfigError(f"placement: lossy_demotion must be true or false, "
-                              f"got {self.lossy_demotion!r}")
+        for key in ("lossy_demotion", "estimate"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"placement: {key} must be true or false, "
+                                  f"got {getattr(self, key)!r}")
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -165,7 +170,7 @@ class PlacementConfig:
             kw["capacity_cost"] = {str(k): _nonneg({f"capacity_cost.{k}": v},
                                                    f"capacity_cost.{k}", None)
                                    for k, v in cc.items()}
-        for key in ("lossy_demotion", "residency_hours", "reuse", "profile"):
+        for key in ("lossy_demotion", "residency_hours", "reuse", "estimate", "profile"):
             if key in d:
                 kw[key] = d[key]
         return cls(**kw)
@@ -189,7 +194,7 @@ class PlacementConfig:
             "bits": list(self.bits), "codes": list(self.codes),
             "capacity_cost": dict(self.capacity_cost), "lossy_demotion": self.lossy_demotion,
             "residency_hours": self.residency_hours, "reuse": self.reuse,
-            "profile": self.profile,
+            "estimate": self.estimate, "profile": self.profile,
         }
         if self.recompute_us_per_chunk is not None:
             d["recompute_us_per_chunk"] = self.recompute_us_per_chunk

@@ -8,6 +8,13 @@ bit-width and code under the targets (P(SDC), P(DUE) per block, the put's KL bud
 block's code for the destination tier and keeps its bits; with ``lossy_demotion`` it may
 take fewer bits within the quality budget (:mod:`rkv.placement.demotion`).
 
+Expected residency and reuse: with ``[placement] estimate = true`` (the default) each block
+is planned with what :class:`policies.estimate.ReuseEstimator` has learned for the tier it is
+planned into and its chunk's depth bucket (fed by :mod:`rkv.decisions` with the events it
+tells the policies), snapped to a coarse grid (:func:`snap`) so the planner's option tables
+stay cached; until a (tier, bucket) has seen enough departures, and with ``estimate =
+false``, the config's ``residency_hours`` and ``reuse`` apply.
+
 Profiles: ``PlacementConfig.profile`` (a path, or a shipped profile name); empty means the
 shipped profile whose fingerprint matches the model, if any; without a profile only 16 bits
 are planned (lossless), never a silent guess at quality.
@@ -15,10 +22,12 @@ are planned (lossless), never a silent guess at quality.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from policies.estimate import ReuseEstimator
 from rkv.errors import ConfigError
 from rkv.pipeline import Pipeline
 from rkv.placement.config import BlockInput, PlacementConfig, TierInput
@@ -33,6 +42,33 @@ if TYPE_CHECKING:
 #: Free capacity the planner sees: the decision site makes room (evicts or demotes) for
 #: what the plan needs, so a tier is never "full" to the planner.
 _UNBOUNDED = 1 << 62
+#: Residency is part of the planner's option-table key (and of every ``predict`` it asks,
+#: seconds each for some fault models): it is snapped to powers of 2 hours within
+#: ``_HOURS_RANGE`` and leaves its grid point only when ``_HYSTERESIS`` steps (log2) away,
+#: so an estimate sitting on a boundary does not flip between two tables. Reuse only enters
+#: the per-put costs (cheap), so it keeps 2 significant digits (0 below ``_REUSE_ZERO``) and
+#: changes only when it moves more than ``_REUSE_SLACK`` (relative).
+_HYSTERESIS = 0.75
+_HOURS_RANGE = (2.0 ** -12, 2.0 ** 17)          # about 1 s to 15 years
+_REUSE_ZERO, _REUSE_SLACK = 0.01, 0.05
+
+
+def snap_hours(hours: float, last: float | None) -> float:
+    """``hours`` as a power of 2 (clamped), ``last`` kept while within the hysteresis."""
+    lo, hi = _HOURS_RANGE
+    x = math.log2(min(max(hours, lo), hi))
+    if last is not None and abs(x - math.log2(last)) <= _HYSTERESIS:
+        return last
+    return float(2.0 ** round(x))
+
+
+def snap_reuse(reuse: float, last: float | None) -> float:
+    """``reuse`` to 2 significant digits, ``last`` kept while within ``_REUSE_SLACK``."""
+    if reuse < _REUSE_ZERO:
+        return 0.0
+    if last and abs(reuse / last - 1.0) <= _REUSE_SLACK:
+        return last
+    return float(f"{reuse:.2g}")
 
 
 def quant_spec(bits: int) -> str:
@@ -91,6 +127,9 @@ class EnginePlacement:
         self._pipes: dict[tuple[int, str], Pipeline] = {}
         self.timing: dict[str, float] = {"plans": 0, "plan_us": 0.0, "last_plan_us": 0.0,
                                          "solve_us": 0.0}
+        #: Learns residency and reuse per (tier, depth bucket) (None: the config's values).
+        self.estimator = ReuseEstimator() if cfg.estimate else None
+        self._used: dict[tuple[str, int], tuple[float, float]] = {}
 
     @classmethod
     def for_engine(cls, config: EngineConfig) -> EnginePlacement | None:
@@ -118,16 +157,62 @@ class EnginePlacement:
                                                       t.read_gbps, t.latency_us)
         return hit
 
-    def blocks(self, spec: ModelSpec, tokens: list[int], n_chunks: int) -> list[BlockInput]:
-        """One block per (chunk, layer), K and V together as the record stores them (the
-        same list for a put of the same model and chunk lengths)."""
-        key = (spec.fingerprint(), tuple(tokens), n_chunks)
+    def expect(self, tier: str | None, pos: int) -> tuple[float, float]:
+        """(residency hours, reuse) a block at chunk ``pos`` is planned with in ``tier``:
+        the estimate for its (tier, depth bucket), snapped, once trusted; else the
+        config's."""
+        est = self.estimator
+        if est is None or tier is None:
+            return self.cfg.residency_hours, self.cfg.reuse
+        cell = (tier, est.bucket(pos))
+        got = est.estimate(tier, pos)
+        if got is None:
+            return self.cfg.residency_hours, self.cfg.reuse
+        last = self._used.get(cell)
+        hours = snap_hours(got.residency / 3600.0, last[0] if last else None)  # clamped
+        used = self._used[cell] = (hours, snap_reuse(got.reuse, last[1] if last else None))
+        return used
+
+    def estimates(self) -> dict[str, Any]:
+        """What the planner uses, for ``stats()``: per tier and depth bucket the estimator's
+        ``reuse`` and ``residency_s`` (None: not trusted yet, the config's values apply),
+        ``weight`` (decayed departures) and ``planned`` ([hours, reuse] of the last plan)."""
+        cfg = self.cfg
+        out: dict[str, Any] = {"on": self.estimator is not None,
+                               "config": [cfg.residency_hours, cfg.reuse]}
+        est = self.estimator
+        if est is None:
+            return out
+        labels = {est.label(i): i for i in range(len(est.buckets))}
+        for tier, rows in est.snapshot().items():
+            out[tier] = {
+                label: {"reuse": r["reuse"], "residency_s": r["residency"],
+                        "weight": r["weight"],
+                        "planned": list(self._used.get((tier, labels[label]),
+                                                       (cfg.residency_hours, cfg.reuse)))}
+                for label, r in rows.items()}
+        return out
+
+    def blocks(self, spec: ModelSpec, tokens: list[int], n_chunks: int,
+               tier: str | None = None) -> list[BlockInput]:
+        """One block per (chunk, layer), K and V together as the record stores them, with
+        the residency and reuse expected in ``tier`` (None: the config's) (the same list for
+        a put of the same model, chunk lengths and expectations)."""
+        per: dict[int, tuple[float, float]] = {}
+        bucket = self.estimator.bucket if self.estimator is not None else (lambda _: 0)
+        for i in range(len(tokens)):
+            b = bucket(i)
+            if b not in per:
+                per[b] = self.expect(tier, i)
+        key = (spec.fingerprint(), tuple(tokens), n_chunks, tuple(sorted(per.items())))
         hit: list[BlockInput] | None = self._blocks.lookup(key)
         if hit is None:
-            cfg = self.cfg
-            hit = [BlockInput(layer, "kv", i, n, cfg.residency_hours, cfg.reuse,
-                              spec.n_kv_heads, spec.head_dim, spec.dtype, n_chunks)
-                   for i, n in enumerate(tokens) for layer in range(spec.n_layers)]
+            hit = []
+            for i, n in enumerate(tokens):
+                hours, reuse = per[bucket(i)]
+                hit += [BlockInput(layer, "kv", i, n, hours, reuse, spec.n_kv_heads,
+                                   spec.head_dim, spec.dtype, n_chunks)
+                        for layer in range(spec.n_layers)]
             self._blocks.store(key, hit)
         return hit
 
@@ -136,7 +221,7 @@ class EnginePlacement:
         """Per chunk, per layer, the pipeline planned for ``tier`` (raises
         :class:`~rkv.placement.InfeasiblePlanError` when the targets cannot be met there)."""
         t0 = time.perf_counter()
-        plan = self.planner(spec).plan(self.blocks(spec, tokens, n_chunks),
+        plan = self.planner(spec).plan(self.blocks(spec, tokens, n_chunks, tier),
                                        [self.tier_input(tier)])
         pipes = [self._pipe(b, c) for b, c in zip(plan.block_bits, plan.block_code,
                                                   strict=True)]
@@ -163,7 +248,8 @@ class EnginePlacement:
         # With the bits fixed the layer's quality does not enter: one plan per shape,
         # position and tier serves every layer of every chunk that moves there.
         fp = spec.fingerprint()
-        move = (fp, tokens, pos, bits, tier)
+        hours, reuse = self.expect(tier, pos)
+        move = (fp, tokens, pos, bits, tier, hours, reuse)
         hit = self._moves.get(move)
         if hit is not None:
             return hit
@@ -174,8 +260,8 @@ class EnginePlacement:
             # since it was stored must not turn its re-plan into a fallback.
             fixed = replace(planner.config, bits=(bits,), quality_budget_kl=1e300)
             one = self._fixed[fp, bits] = Planner(fixed, planner.profile, planner.cache)
-        block = BlockInput(layer, "kv", pos, tokens, self.cfg.residency_hours, self.cfg.reuse,
-                           spec.n_kv_heads, spec.head_dim, spec.dtype, pos + 1)
+        block = BlockInput(layer, "kv", pos, tokens, hours, reuse, spec.n_kv_heads,
+                           spec.head_dim, spec.dtype, pos + 1)
         b = one.plan([block], [self.tier_input(tier)]).blocks[0]
         hit = self._moves[move] = Pipeline.parse(quant_spec(b.bits), b.code)
         return hit
