@@ -91,7 +91,8 @@ class LossyPlans:
         from rkv.placement.planner import Planner
 
         fp = spec.fingerprint()
-        key = (fp, layer, tokens, pos, bits, tier)
+        hours, reuse = self.placement.expect(tier, pos)     # learned, or the config's
+        key = (fp, layer, tokens, pos, bits, tier, hours, reuse)
         if key in self._plans:
             return self._plans[key]
         base = self.placement.planner(spec)
@@ -99,9 +100,8 @@ class LossyPlans:
         if one is None:
             cfg = replace(base.config, bits=(bits,), quality_budget_kl=1e300)
             one = self._fixed[fp, bits] = Planner(cfg, base.profile, base.cache)
-        cfg = self.placement.cfg
-        block = BlockInput(layer, "kv", pos, tokens, cfg.residency_hours, cfg.reuse,
-                           spec.n_kv_heads, spec.head_dim, spec.dtype, pos + 1)
+        block = BlockInput(layer, "kv", pos, tokens, hours, reuse, spec.n_kv_heads,
+                           spec.head_dim, spec.dtype, pos + 1)
         try:
             got: PlannedBlock | None = one.plan([block],
                                                 [self.placement.tier_input(tier)]).blocks[0]
