@@ -57,7 +57,7 @@ from rkv.store import (
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
 from rkv.tiers import LmdbTier, Tier, TierSpec, open_tier
 from rkv.txn import Hooks, Mutator, Pending
-from rkv.writepath import PutPlan, clear_chunks, delete_chunks, write_chunks
+from rkv.writepath import PutPlan, clear_chunks, delete_chunks, put_targets, write_chunks
 
 log = logging.getLogger("rkv")
 
@@ -261,14 +261,16 @@ class Engine:
                           partial=self.config.store_partial_chunks)
         return spec, fp, toks, keys
 
-    def put(self, tokens: Any, kv: Any, *, model: ModelSpec | dict[str, Any]) -> PutResult:
+    def put(self, tokens: Any, kv: Any, *, model: ModelSpec | dict[str, Any],
+            placement: dict[str, Any] | None = None) -> PutResult:
         """Store the KV of ``tokens``; chunks already stored are not written again.
 
         ``kv`` is a numpy array or torch tensor shaped ``[layers, 2, tokens, kv_heads,
-        head_dim]`` in the model's dtype. Everything is validated before anything is written.
+        head_dim]`` in the model's dtype; ``placement``: this put's own targets over the
+        store's (e.g. ``{"max_p_due": 1e-12}``). All is validated before anything is written.
         """
         spec, fp, toks, keys = self._prepare(tokens, model)
-        arr = as_kv_array(kv, spec, len(toks))
+        arr, over = as_kv_array(kv, spec, len(toks)), put_targets(self, placement)
         if self._log is not None:
             self._log.record("put", fp, keys, len(toks))
         if not keys:
@@ -285,7 +287,7 @@ class Engine:
                 self._counters["chunks_deduped"] += len(keys)
             return PutResult(len(toks), len(keys), 0, len(keys), 0, 0)
         plan = PutPlan(keys, chunk_bounds(len(toks), self.config.chunk_tokens)[: len(keys)],
-                       spec, fp, arr, len(toks))
+                       spec, fp, arr, len(toks), over)
         result: PutResult = self._mutate(partial(write_chunks, self, plan))
         self._touch(keys)
         with self._lock:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ import numpy as np
 from policies.base import Item, Reason
 from rkv.blockcodec import encode_block
 from rkv.decisions import RECOMPUTE_TPS, Protected, free_chunk
-from rkv.errors import CorruptStoreError
+from rkv.errors import ConfigError, CorruptStoreError
 from rkv.index import ChunkMeta
 from rkv.keys import block_key
 from rkv.model import ModelSpec
@@ -33,6 +34,7 @@ from rkv.txn import Pending
 
 if TYPE_CHECKING:
     from rkv.engine import Engine
+    from rkv.placement import PlacementConfig
 
 
 class Scratch:
@@ -71,7 +73,7 @@ class Planned:
         tokens = [e - s for s, e in self._plan.bounds]
         if engine._placement is not None:     # one plan per tier covers the whole put
             chunks = list(enumerate(engine._placement.put_plan(spec, tokens, len(tokens),
-                                                               tier)))
+                                                               tier, self._plan.placement)))
         else:                                 # the same for every chunk of n tokens
             one = Pipeline(engine._quants[tier], engine._codecs[tier])
             same = [c for c, n in enumerate(tokens) if n == tokens[chunk]]
@@ -93,6 +95,7 @@ class PutPlan:
     fp: bytes
     arr: np.ndarray
     n_tokens: int
+    placement: PlacementConfig | None = None    # the put's own targets
 
 
 def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> PutResult:
@@ -202,3 +205,14 @@ def clear_chunks(engine: Engine, fp: bytes | None, txn: Any, pending: Pending) -
     else:
         ix.set_usage(txn, ix.recount_usage(txn))
     return len(victims)
+
+
+def put_targets(engine: Engine, over: Mapping[str, Any] | None) -> PlacementConfig | None:
+    """A put's own placement targets over the store's, validated before anything is written
+    (ConfigError: a bad key or value, or a store without a [placement] table)."""
+    if over is None:
+        return None
+    if engine._placement is None:
+        raise ConfigError("placement targets given to a put, but the store has no "
+                          "[placement] table to plan with")
+    return engine._placement.override(over)

@@ -22,8 +22,10 @@ are planned (lossless), never a silent guess at quality.
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 #: Free capacity the planner sees: the decision site makes room (evicts or demotes) for
 #: what the plan needs, so a tier is never "full" to the planner.
 _UNBOUNDED = 1 << 62
+#: What one put may set over the store's [placement] table.
+PER_PUT = ("max_p_sdc", "max_p_due", "quality_budget_kl", "recompute_us_per_token",
+           "recompute_us_per_chunk", "bits", "codes", "capacity_cost")
 #: Residency is part of the planner's option-table key (and of every ``predict`` it asks,
 #: seconds each for some fault models): it is snapped to powers of 2 hours within
 #: ``_HOURS_RANGE`` and leaves its grid point only when ``_HYSTERESIS`` steps (log2) away,
@@ -119,7 +124,7 @@ class EnginePlacement:
     def __init__(self, cfg: PlacementConfig, tiers: tuple[TierConfig, ...]) -> None:
         self.cfg = cfg
         self.tiers = {t.name: t for t in tiers}
-        self._planners: dict[bytes, Planner] = {}
+        self._planners: dict[bytes | tuple[bytes, str], Planner] = {}
         self._fixed: dict[tuple[bytes, int], Planner] = {}
         self._moves: dict[tuple[Any, ...], Pipeline] = {}
         self._blocks = LRU(64)
@@ -138,16 +143,37 @@ class EnginePlacement:
             return None
         return cls(PlacementConfig.from_dict(config.placement), config.tiers)
 
-    def planner(self, spec: ModelSpec) -> Planner:
+    def planner(self, spec: ModelSpec, over: PlacementConfig | None = None) -> Planner:
+        """The planner of ``spec``'s puts (``over``: a put's own targets, see
+        :meth:`override`); one per model and set of targets, each keeping its tables."""
         fp = spec.fingerprint()
-        p = self._planners.get(fp)
+        key = fp if over is None else (fp, json.dumps(over.to_dict(), sort_keys=True))
+        p = self._planners.get(key)
         if p is None:
-            profile = load_profile(self.cfg, spec)
-            cfg = self.cfg
+            base = self._planners.get(fp)
+            profile = base.profile if base is not None else load_profile(self.cfg, spec)
+            cfg = over or self.cfg
             if profile is None:
                 cfg = replace(cfg, bits=(16,))
-            p = self._planners[fp] = Planner(cfg, profile)
+            p = self._planners[key] = Planner(cfg, profile)
         return p
+
+    def override(self, over: Mapping[str, Any]) -> PlacementConfig:
+        """The store's targets with a put's own (``Engine.put(..., placement={...})``):
+        only what a single put may change; residency, reuse, lossy demotion, the profile and
+        the estimator stay the store's. Raises ConfigError naming a bad key or value."""
+        if not isinstance(over, Mapping):
+            raise ConfigError(f"placement: a put's targets must be a table, got "
+                              f"{type(over).__name__}")
+        fixed = sorted(set(over) - set(PER_PUT))
+        if fixed:
+            raise ConfigError(f"placement: {fixed[0]!r} cannot be set per put (per put: "
+                              f"{', '.join(PER_PUT)})")
+        base = self.cfg.to_dict()
+        if {"recompute_us_per_chunk", "recompute_us_per_token"} & set(over):
+            base.pop("recompute_us_per_chunk", None)
+            base.pop("recompute_us_per_token", None)
+        return PlacementConfig.from_dict({**base, **over})
 
     def tier_input(self, name: str) -> TierInput:
         hit = self._tier_inputs.get(name)
@@ -217,11 +243,12 @@ class EnginePlacement:
         return hit
 
     def put_plan(self, spec: ModelSpec, tokens: list[int], n_chunks: int,
-                 tier: str) -> list[list[Pipeline]]:
+                 tier: str, over: PlacementConfig | None = None) -> list[list[Pipeline]]:
         """Per chunk, per layer, the pipeline planned for ``tier`` (raises
-        :class:`~rkv.placement.InfeasiblePlanError` when the targets cannot be met there)."""
+        :class:`~rkv.placement.InfeasiblePlanError` when the targets cannot be met there);
+        ``over``: the put's own targets."""
         t0 = time.perf_counter()
-        plan = self.planner(spec).plan(self.blocks(spec, tokens, n_chunks, tier),
+        plan = self.planner(spec, over).plan(self.blocks(spec, tokens, n_chunks, tier),
                                        [self.tier_input(tier)])
         pipes = [self._pipe(b, c) for b, c in zip(plan.block_bits, plan.block_code,
                                                   strict=True)]

@@ -141,3 +141,30 @@ def test_rkv_plan_explains_a_put(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert len(plan["blocks"]) == 60 and plan["kl"] <= 0.01
     assert {b["code"] for b in plan["blocks"]} == {"rs(255,247)"}    # 1e-9 needs the code
     assert main(["plan", "--model", str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_put_may_set_its_own_targets(tmp_path: Path) -> None:
+    """max_p_due per put: a loose store target plans the bare checksum, a put that asks for
+    1e-6 gets the code that meets it; what a put may not set, or a bad value, is refused
+    before anything is written, as is a target for a store without [placement]."""
+    cfg = config(tmp_path, {"max_p_due": 0.5, "bits": [16], "codes": CODES,
+                            "recompute_us_per_chunk": 0.0})
+    first, second = list(range(48)), list(range(100, 148))
+    with Engine.open(tmp_path / "s", cfg) as e:
+        e.put(first, random_kv(SPEC, 48), model=SPEC)
+        e.put(second, random_kv(SPEC, 48, 1), model=SPEC, placement={"max_p_due": 1e-6})
+        assert {r[1] for r in records(e, first)} == {"none"}
+        assert {r[1] for r in records(e, second)} == {"rs(n=255,k=247,interleave=1)"}
+        before = e.stats()["tokens"]
+        for bad, match in (({"lossy_demotion": True}, "cannot be set per put"),
+                           ({"max_p_due": 2.0}, "max_p_due"),
+                           ({"codes": ["rs(255,300)"]}, "rs"),
+                           ([1, 2], "must be a table")):
+            with pytest.raises(ConfigError, match=match):
+                e.put(list(range(500, 516)), random_kv(SPEC, 16), model=SPEC,
+                      placement=bad)  # type: ignore[arg-type]
+        assert e.stats()["tokens"] == before
+    plain = replace(cfg, placement={})
+    with Engine.open(tmp_path / "p", plain) as e, \
+            pytest.raises(ConfigError, match="no \\[placement\\] table"):
+        e.put(first, random_kv(SPEC, 48), model=SPEC, placement={"max_p_due": 1e-6})
