@@ -6,6 +6,8 @@ Quantizers (``get_quantizer(spec)``):
 * ``kivi(bits=2|4|8, group=32)``: KIVI asymmetric min/max quantization, keys per channel
   (groups of ``group`` tokens), values per token (groups of ``min(group, head_dim)``
   elements); bit-packed codes and three checksummed copies of the scales and zero points.
+* ``rowq(bits=8|4)``: symmetric per-row int8/int4 for weight matrices (the MoE adapter's
+  experts, docs/moe.md): one float32 scale per row of the last dimension.
 
 See ``docs/quantization.md`` for the scheme, the byte layout, error bounds and speed.
 """
@@ -22,8 +24,9 @@ from rkv.quant.registry import (
     quantizer_class,
     register_quantizer,
 )
+from rkv.quant.rowq import RowQuantizer
 
-for _cls in (NoneQuantizer, KiviQuantizer):
+for _cls in (NoneQuantizer, KiviQuantizer, RowQuantizer):
     register_quantizer(_cls)
 del _cls
 
@@ -36,6 +39,7 @@ __all__ = [
     "NoneQuantizer",
     "QuantDecodeResult",
     "Quantizer",
+    "RowQuantizer",
     "available_quantizers",
     "get_quantizer",
     "parse_spec",
