@@ -118,6 +118,7 @@ class VerifyReport:
     reclaimed: int = 0
     usage_fixed: bool = False
     degraded: int = 0             # readable with bounded noise (a tolerant plane failed)
+    labelled: int = 0             # old index entries given their blocks' pipeline labels
 
     @property
     def clean(self) -> bool:

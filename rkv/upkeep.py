@@ -138,6 +138,7 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
     keys = {k for k, _ in entries}
     counts: Counter[str] = Counter()
     problems: list[tuple[str, int, str, str]] = []
+    unlabelled: list[tuple[bytes, int, str]] = []
     to_repair: list[tuple[bytes, int, str]] = []
     unreadable = unreachable = 0
     for i, (key, meta) in enumerate(entries):
@@ -158,7 +159,9 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
                 break   # evicted or moved by a writer since the scan: nothing to check
             counts[st.status] += 1
             if st.status == CORRECTED and repair:
-                to_repair.append((key, layer, tier))
+                to_repair.append((key, layer, tier))      # (a repair writes its label)
+            elif repair and st.status in (OK, DEGRADED) and not meta.pipe(layer):
+                unlabelled.append((key, layer, tier))
             if st.error is not None:
                 problems.append((key.hex(), layer, tier, f"{type(st.error).__name__}: "
                                  f"{st.error}"))
@@ -174,18 +177,49 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
                 if t.state != "missing" and name not in damaged:
                     damaged.append(name)
                 problems.append(("", -1, name, f"cannot list records: {exc}"))
-    reclaimed, usage_fixed, repaired = 0, False, 0
+    reclaimed, usage_fixed, repaired, labelled = 0, False, 0, 0
     if repair:
         reclaimed, usage_fixed = engine._mutate(lambda txn, p: _reclaim(engine, txn, p))
         repaired = engine._repair(to_repair) if to_repair else 0
+        if unlabelled:
+            labelled = engine._mutate(lambda txn, p: _label(engine, txn, unlabelled))
     return VerifyReport(
         chunks=len(entries), blocks=sum(counts.values()), ok=counts[OK],
         corrected=counts[CORRECTED], uncorrectable=counts[UNCORRECTABLE],
         missing=counts[MISSING], orphans=orphans, problems=problems, repaired=repaired,
         unreadable_chunks=unreadable, unreachable=unreachable, damaged_tiers=damaged,
         dropped=0 if repair else int(dropped.get("chunks", 0)), reclaimed=reclaimed,
-        usage_fixed=usage_fixed, degraded=counts[DEGRADED],
+        usage_fixed=usage_fixed, degraded=counts[DEGRADED], labelled=labelled,
     )
+
+
+def _label(engine: Engine, txn: Any, items: list[tuple[bytes, int, str]]) -> int:
+    """Fill in the pipeline labels of index entries written before labels existed, from the
+    records' own headers (so the stored mix and lossy demotion know their bits)."""
+    ix = engine._index
+    done = 0
+    by_key: dict[bytes, list[tuple[int, str]]] = {}
+    for key, layer, tier in items:
+        by_key.setdefault(key, []).append((layer, tier))
+    for key, layers in by_key.items():
+        meta = ix.get_chunk(txn, key)
+        if meta is None:
+            continue
+        pipes = [meta.pipe(i) for i in range(len(meta.blocks))]
+        for layer, tier in layers:
+            if meta.blocks[layer][0] != tier or pipes[layer]:
+                continue     # moved or labelled meanwhile
+            try:
+                rec, _ = engine._tiers[tier].fetch(block_key(key, layer))
+                if rec is None:
+                    continue
+                pipes[layer] = stages_label(*header_stages(decode_record(rec).header))
+            except RkvError:
+                continue     # unreadable now: reads report it
+            done += 1
+        if tuple(pipes) != tuple(meta.pipe(i) for i in range(len(meta.blocks))):
+            ix.put_chunk(txn, key, meta.with_(pipes=tuple(pipes)), meta)
+    return done
 
 
 def _reclaim(engine: Engine, txn: Any, pending: Pending) -> tuple[int, bool]:

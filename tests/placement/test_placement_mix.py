@@ -218,3 +218,24 @@ def test_golden_stores_show_their_blocks_as_unknown(tmp_path: Path, name: str) -
                 assert list(t["mix"]) == ["unknown"]
                 assert t["mix"]["unknown"]["blocks"] == t["blocks"]
                 assert t["mix"]["unknown"]["bytes"] == t["bytes"]
+
+
+@pytest.mark.parametrize("name", ["store_v1", "store_v2"])
+def test_verify_repair_labels_old_entries_from_their_records(tmp_path: Path,
+                                                             name: str) -> None:
+    """`verify --repair` fills in the labels of entries written before labels existed, from
+    the records' headers: afterwards nothing is unknown and a second pass labels nothing."""
+    import tarfile
+
+    golden = Path(__file__).parent.parent / "golden" / f"{name}.tar.gz"
+    with tarfile.open(golden) as tar:
+        tar.extractall(tmp_path, filter="data")
+    path = next(p for p in tmp_path.iterdir() if (p / "index").is_dir())
+    with Engine.open(path) as e:
+        blocks = sum(t["blocks"] for t in e.stats()["tiers"].values())
+        rep = e.verify(repair=True)
+        assert rep.labelled == blocks == rep.ok
+        for t in e.stats()["tiers"].values():
+            assert "unknown" not in t["mix"]
+            assert sum(r["blocks"] for r in t["mix"].values()) == t["blocks"]
+        assert e.verify(repair=True).labelled == 0
