@@ -242,7 +242,7 @@ class RkvExperts:
         for e, fut in misses:
             w = fut.result() if fut is not None else None
             if w is not None:
-                self._c["prefetch_late"] += 1
+                self._count("prefetch_late")
             elif self.low_bit_on_miss:
                 try:
                     w = self._low(layer, e, "miss")
@@ -297,8 +297,8 @@ class RkvExperts:
             w: ExpertWeights | None = None
             try:
                 w = self._load_exact(*k)
-            except BaseException as exc:  # a prefetch never fails the model
-                self._c["prefetch_failed"] += 1
+            except Exception as exc:  # a prefetch never fails the model
+                self._count("prefetch_failed")
                 log.debug("prefetch of expert %s failed: %s", k, exc)
             finally:
                 with self._lock:
@@ -308,6 +308,10 @@ class RkvExperts:
                 fut.set_result(w)
 
     # -- the verified read path and its faults -----------------------------------------------
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._c[name] += n
+
     def _fault(self, layer: int, expert: int, tier: str, exc: BaseException) -> None:
         with self._lock:
             self._c["uncorrectable"] += 1
@@ -321,7 +325,7 @@ class RkvExperts:
             self.tiers[tier].put(key, record)
         except RkvError as exc:
             log.warning("could not %s in tier %s: %s", what, tier, exc)
-            self._c["repairs_failed"] += 1
+            self._count("repairs_failed")
             return
         with self._lock:
             self._c["repaired"] += 1
@@ -366,7 +370,7 @@ class RkvExperts:
                 self._fault(layer, expert, tier, exc)
                 continue
             if heal:
-                self._c["reloaded_from_copy"] += 1
+                self._count("reloaded_from_copy")
             return w
         raise ExpertLoadError(layer, expert, errors)
 
