@@ -407,7 +407,8 @@ class RkvExperts:
                 "hits": c["hits"], "misses": c["misses"],
                 "hit_rate": c["hits"] / looked if looked else 0.0,
                 "loads": c["loads"], "load_seconds": c["load_seconds_us"] / 1e6,
-                "tiers": {t: dict(v) for t, v in self._tier_c.items()},
+                "tiers": {t: {k: v[k] for k in ("reads", "bytes_read", "bytes_written")}
+                          for t, v in self._tier_c.items()},
                 "prefetch": {"issued": c["prefetch_issued"], "used": c["prefetch_used"],
                              "late": c["prefetch_late"], "wasted": self.cache.prefetch_wasted,
                              "failed": c["prefetch_failed"],
