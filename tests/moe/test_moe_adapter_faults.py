@@ -201,3 +201,42 @@ def _shared(factory: pytest.TempPathFactory) -> RkvExperts:
                                          tiers=cfgs, device_budget_bytes=0,
                                          backup_tier="nvme", low_bit_copy=4, repair=False)
     return _STORES["s"]
+
+
+@settings(max_examples=40)
+@given(layer=st.integers(0, 1), expert=st.integers(0, 2),
+       hits=st.lists(st.tuples(st.integers(0, 254), st.integers(1, 255)), min_size=1,
+                     max_size=8, unique_by=lambda t: t[0]))
+def test_random_damage_within_capability_is_exact(tmp_path_factory: pytest.TempPathFactory,
+                                                  layer: int, expert: int,
+                                                  hits: list[tuple[int, int]]) -> None:
+    """Up to 8 damaged bytes in one RS(255,239) codeword: always corrected, exactly."""
+    p = _shared(tmp_path_factory)
+    inner = {n: getattr(t, "inner", t) for n, t in p.tiers.items()}
+    ft = FaultyTier(inner["cxl"], seed=5)
+    p.tiers["cxl"] = ft
+    key = p.record_key(layer, expert)
+    n = len(inner["cxl"].get(key) or b"")
+    start = payload_start(p, "cxl", key)
+    bits = [8 * (start + off) + b for off, mask in hits for b in range(8) if mask >> b & 1]
+    before = p.stats()
+    ft.inject_transient(key, flips(n, bits))
+    assert_same(p.experts(layer, [expert])[expert], LAYERS[layer][expert])
+    after = p.stats()
+    assert after["corrected"] == before["corrected"] + 1
+    assert after["uncorrectable"] == before["uncorrectable"]
+
+
+def test_readonly_open_reads_but_never_writes(tmp_path: Path) -> None:
+    cfgs = (TierConfig("cxl", medium="memory", capacity_bytes=1 << 30, ecc="rs(255,239)"),)
+    RkvExperts.create(tmp_path / "s", LAYERS, fingerprint="m", tiers=cfgs,
+                      device_budget_bytes=0).close()
+    with RkvExperts.open(tmp_path / "s", device_budget_bytes=0, readonly=True) as p:
+        t = p.wrap_tier("cxl", lambda inner: FaultyTier(inner))
+        assert isinstance(t, FaultyTier)
+        key = p.record_key(0, 0)
+        n = len(p.tiers["cxl"].get(key) or b"")
+        t.inject_transient(key, flips(n, [8 * payload_start(p, "cxl", key) + 1]))
+        assert_same(p.experts(0, [0])[0], LAYERS[0][0])
+        s = p.stats()
+        assert s["corrected"] == 1 and s["repaired"] == 0 and s["repairs_failed"] == 0
