@@ -254,6 +254,9 @@ class RkvExperts:
             if not isinstance(w, ApproximateExpert):
                 with self._lock:
                     self.cache.admit(self._item((layer, e)), w, now, protected)
+                    entry = self.cache.entries.get((layer, e))
+                    if entry is not None:      # a late prefetch's entry: used now
+                        entry.prefetched = False
             out[e] = w
         if self.lookahead and layer + 1 < len(self.infos):
             self.hint(layer + 1, range(len(self.infos[layer + 1])))

@@ -148,9 +148,8 @@ def test_background_prefetch_never_blocks_correctness(tmp_path: Path) -> None:
             got = p.experts(1, [5, 0, 3])          # races the worker: waits or loads
             for e in (5, 0, 3):
                 assert_same(got[e], layers[1][e])
-            p.cache.clear()
             p.settle()
-            p.cache.clear()
+            p.cache.clear()                        # (the worker is idle now)
         s = p.stats()["prefetch"]
         assert s["issued"] >= 6 and s["failed"] == 0 and s["in_flight"] == 0
 
