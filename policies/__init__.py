@@ -16,14 +16,22 @@ from policies.registry import available, make_policy, parse_spec, register
 
 # Built-in policies register themselves on import.
 from policies import arc, fifo, gdsf, lfu, lru, prefix, s3fifo, sieve, slru  # noqa: F401  isort: skip
+from policies import activation  # noqa: F401  isort: skip
 from policies.admission import AdmitAfter, AdmitAll, make_admission, split_spec
 from policies.estimate import Estimate, ReuseEstimator
-from policies.prefetch import QueueOrder, ShallowFirst, available_prefetch, make_prefetch
+from policies.prefetch import (
+    CoOccurrence,
+    QueueOrder,
+    ShallowFirst,
+    available_prefetch,
+    make_prefetch,
+)
 
 __all__ = [
     "AdmissionPolicy",
     "AdmitAfter",
     "AdmitAll",
+    "CoOccurrence",
     "Estimate",
     "EvictionPolicy",
     "Item",

@@ -18,7 +18,8 @@ from policies.s3fifo import S3FIFO
 
 SPECS = ["lru", "fifo", "slru", "slru(protected=0.3)", "lfu", "lfu(decay=False)", "gdsf",
          "sieve", "s3fifo", "s3fifo(small=0.3, threshold=2)", "arc", "prefix",
-         "prefix(depth_weight=1.0, history=1)"]
+         "prefix(depth_weight=1.0, history=1)", "activation",
+         "activation(halflife=3, depth_weight=1.0)"]
 KEYS = 10
 
 

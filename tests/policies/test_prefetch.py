@@ -62,4 +62,4 @@ def test_shallow_serves_every_queued_request_before_the_tails() -> None:
 def test_bad_prefetch_specs(spec: str) -> None:
     with pytest.raises(PolicyError):
         make_prefetch(spec)
-    assert available_prefetch() == ["queue", "shallow"]
+    assert available_prefetch() == ["cooccur", "queue", "shallow"]
