@@ -457,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     from rkv.placement.cli import register as register_plan
 
     register_plan(sub)
+    from rkv.moe.cli import add_moe_parser
+    add_moe_parser(sub)
     return p
 
 
