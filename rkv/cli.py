@@ -443,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also replay every policy through real one-tier stores created "
                           "(and destroyed) under this new directory")
     rep.set_defaults(fn=cmd_replay)
+    from rkv.moe.replay_cli import register as register_moe
+
+    register_moe(rep)
     cal = sub.add_parser("calibrate", help="quality profile of SmolLM2-135M: KL per layer's "
                                            "K and V at 8/4/2 bits (docs/calibration.md)")
     cal.add_argument("--windows", type=int, default=24, help="text windows (576 tokens)")
