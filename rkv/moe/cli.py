@@ -44,6 +44,9 @@ def _add_trace(sub: Any) -> None:
     p.add_argument("--window", type=int, default=256,
                    help="tokens per forward (each window starts a fresh context)")
     p.add_argument("--scores", action="store_true", help="also record router scores")
+    p.add_argument("--hints", action="store_true",
+                   help="also record speculative routing (layer l's router on layer l-1's "
+                        "MLP input, per token)")
     p.add_argument("--out", required=True, help="trace file to write")
     p.set_defaults(fn=cmd_trace)
 
@@ -101,7 +104,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
         for i, ids in enumerate(windows):
             r = moe.route(ids)
             for t in range(len(ids)):
-                w.write(r.experts[t].tolist(), r.scores[t].tolist() if args.scores else None)
+                hints = ([[], *r.hints[t, 1:].tolist()] if args.hints else None)
+                w.write(r.experts[t].tolist(), r.scores[t].tolist() if args.scores else None,
+                        hints)
             log(f"window {i + 1}/{len(windows)}: {len(ids)} tokens")
         n = w.t
     log(f"wrote {n} tokens x {moe.spec.layers} layers to {args.out}")

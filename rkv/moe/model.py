@@ -40,7 +40,7 @@ from rkv.moe.fit import (
     save_fit,
 )
 
-Recorder = Callable[[int, Any, Any], None]
+Recorder = Callable[[int, Any, Any, Any], None]   # (layer, mlp input, top ids, top scores)
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,13 @@ class MoESpec:
 @dataclass(frozen=True)
 class Routes:
     """Per-token routing of one forward: ``experts`` [T, L, k] int64 (each token's chosen
-    experts per layer, by descending router score) and their ``scores`` [T, L, k] float32."""
+    experts per layer, by descending router score), their ``scores`` [T, L, k] float32, and
+    ``hints`` [T, L, k] int64: per token, layer ``l``'s router applied to layer ``l-1``'s MLP
+    input (the speculative routing the model hints; -1 for layer 0)."""
 
     experts: np.ndarray
     scores: np.ndarray
+    hints: np.ndarray
 
 
 class _Shared:
@@ -119,7 +122,7 @@ def _make_mlp_class() -> type:
             k = min(s.top_k, self.n_experts)
             top_s, top_i = self._select(h, self.layer, k)
             if s.recorder is not None:
-                s.recorder(self.layer, top_i, top_s)
+                s.recorder(self.layer, h, top_i, top_s)
             union = sorted(int(e) for e in torch.unique(top_i).tolist())
             got = s.provider.experts(self.layer, union)
             missing = [e for e in union if e not in got]
@@ -285,6 +288,7 @@ class MoEModel:
         """Run one forward (no KV cache) over ``input_ids`` (batch 1: a list of ids, or a
         [T] / [1, T] tensor) and return each token's chosen experts per layer."""
         import torch
+        import torch.nn.functional as fn
 
         ids = torch.as_tensor(input_ids, dtype=torch.long)
         if ids.dim() == 1:
@@ -292,10 +296,10 @@ class MoEModel:
         if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
             raise InputError(f"route takes one non-empty sequence, got shape "
                              f"{tuple(ids.shape)}")
-        got: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        got: dict[int, tuple[Any, Any, Any]] = {}
 
-        def record(layer: int, idx: Any, scores: Any) -> None:
-            got[layer] = (idx.numpy().copy(), scores.detach().float().numpy().copy())
+        def record(layer: int, h: Any, idx: Any, scores: Any) -> None:
+            got[layer] = (h.detach(), idx, scores.detach())
 
         self._shared.recorder = record
         try:
@@ -303,9 +307,15 @@ class MoEModel:
                 self.model(ids, use_cache=False)
         finally:
             self._shared.recorder = None
-        n = len(self.experts)
-        return Routes(np.stack([got[i][0] for i in range(n)], axis=1).astype(np.int64),
-                      np.stack([got[i][1] for i in range(n)], axis=1).astype(np.float32))
+        n, k = len(self.experts), self.top_k
+        experts = np.stack([got[i][1].numpy() for i in range(n)], axis=1).astype(np.int64)
+        scores = np.stack([got[i][2].float().numpy() for i in range(n)], axis=1)
+        hints = np.full_like(experts, -1)
+        with torch.no_grad():
+            for i in range(1, n):
+                w, b = self._shared.routers[i]
+                hints[:, i] = fn.linear(got[i - 1][0], w, b).topk(k, dim=-1).indices.numpy()
+        return Routes(experts, scores.astype(np.float32), hints)
 
     def restore(self) -> Any:
         """Put the dense MLPs back (this MoEModel is unusable afterwards); the HF model."""

@@ -7,12 +7,16 @@ Line 1 is the header::
 
 then one line per token, ``t`` counting 0, 1, 2, ... in line order::
 
-    {"t": 0, "layers": [[e, ...], ...], "scores": [[s, ...], ...]}
+    {"t": 0, "layers": [[e, ...], ...], "scores": [[s, ...], ...], "hints": [[e, ...], ...]}
 
 ``layers`` holds one list per layer of the token's ``k`` distinct chosen experts (ids in
 ``0..E-1``, by descending router score); ``scores`` (optional) the router scores of those
-experts, same shape, finite. Unknown keys, duplicate keys, booleans for numbers, NaN or
-infinity, blank lines and bad UTF-8 are errors. :func:`read_moe_trace` raises
+experts, same shape, finite; ``hints`` (optional) one list per layer of the distinct experts
+the model's speculative router predicted for that layer before its router ran (issued during
+the previous layer; any number of ids, ``[]`` when none, e.g. for layer 0).
+
+Unknown keys, duplicate keys, booleans for numbers, NaN or infinity, blank lines and bad
+UTF-8 are errors. :func:`read_moe_trace` raises
 :class:`~rkv.errors.InputError` naming the file and line for any problem (nothing else
 escapes, I/O errors included); :class:`MoETraceWriter` validates what it writes.
 """
@@ -60,6 +64,7 @@ class TokenRoute:
     t: int
     layers: tuple[tuple[int, ...], ...]
     scores: tuple[tuple[float, ...], ...] | None = None
+    hints: tuple[tuple[int, ...], ...] | None = None
 
 
 # -- validation --------------------------------------------------------------------------
@@ -117,20 +122,15 @@ def route_from_json(obj: Any, h: TraceHeader, t: int) -> TokenRoute:
     """A :class:`TokenRoute` (the ``t``-th token) from a token object, or ValueError."""
     if not isinstance(obj, dict):
         raise ValueError("a token line is not a JSON object")
-    extra = sorted(set(obj) - {"t", "layers", "scores"})
+    extra = sorted(set(obj) - {"t", "layers", "scores", "hints"})
     if extra or "t" not in obj or "layers" not in obj:
-        raise ValueError(f"token keys must be t, layers[, scores], got {sorted(obj)}")
+        raise ValueError(f"token keys must be t, layers[, scores][, hints], got {sorted(obj)}")
     if not _int(obj["t"]) or obj["t"] != t:
         raise ValueError(f"t is {obj['t']!r}, expected {t}")
-    layers = _rows(obj["layers"], h, "layers")
-    for i, row in enumerate(layers):
-        if not all(_int(e) for e in row):
-            raise ValueError(f"layer {i}: expert ids must be integers")
-        bad = [e for e in row if not 0 <= e < h.experts]
-        if bad:
-            raise ValueError(f"layer {i}: expert ids {bad} out of range 0..{h.experts - 1}")
-        if len(set(row)) != len(row):
-            raise ValueError(f"layer {i}: repeated expert ids {list(row)}")
+    layers = _ids(_rows(obj["layers"], h, "layers"), h, "layers")
+    hints = None
+    if "hints" in obj:
+        hints = _ids(_rows(obj["hints"], h, "hints", exact=False), h, "hints")
     scores = None
     if "scores" in obj:
         scores = _rows(obj["scores"], h, "scores")
@@ -139,17 +139,34 @@ def route_from_json(obj: Any, h: TraceHeader, t: int) -> TokenRoute:
                        and math.isfinite(s) for s in row):
                 raise ValueError(f"scores of layer {i} must be finite numbers")
         scores = tuple(tuple(float(s) for s in row) for row in scores)
-    return TokenRoute(t, tuple(tuple(int(e) for e in row) for row in layers), scores)
+    return TokenRoute(t, layers, scores, hints)
 
 
-def _rows(v: Any, h: TraceHeader, name: str) -> tuple[tuple[Any, ...], ...]:
+def _ids(rows: tuple[tuple[Any, ...], ...], h: TraceHeader, name: str
+         ) -> tuple[tuple[int, ...], ...]:
+    for i, row in enumerate(rows):
+        if not all(_int(e) for e in row):
+            raise ValueError(f"{name} of layer {i}: expert ids must be integers")
+        bad = [e for e in row if not 0 <= e < h.experts]
+        if bad:
+            raise ValueError(f"{name} of layer {i}: expert ids {bad} out of range "
+                             f"0..{h.experts - 1}")
+        if len(set(row)) != len(row):
+            raise ValueError(f"{name} of layer {i}: repeated expert ids {list(row)}")
+    return tuple(tuple(int(e) for e in row) for row in rows)
+
+
+def _rows(v: Any, h: TraceHeader, name: str, exact: bool = True
+          ) -> tuple[tuple[Any, ...], ...]:
     if not isinstance(v, list) or len(v) != h.layers:
         n = len(v) if isinstance(v, list) else type(v).__name__
         raise ValueError(f"{name} must be a list of {h.layers} lists (one per layer), got {n}")
     for i, row in enumerate(v):
-        if not isinstance(row, list) or len(row) != h.top_k:
-            n = len(row) if isinstance(row, list) else type(row).__name__
-            raise ValueError(f"{name} of layer {i} must list {h.top_k} entries, got {n}")
+        if not isinstance(row, list):
+            raise ValueError(f"{name} of layer {i} must be a list, got {type(row).__name__}")
+        if exact and len(row) != h.top_k:
+            raise ValueError(f"{name} of layer {i} must list {h.top_k} entries, got "
+                             f"{len(row)}")
     return tuple(tuple(row) for row in v)
 
 
@@ -245,7 +262,8 @@ class MoETraceWriter:
         self._f.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
 
     def write(self, layers: Sequence[Sequence[int]],
-              scores: Sequence[Sequence[float]] | None = None) -> TokenRoute:
+              scores: Sequence[Sequence[float]] | None = None,
+              hints: Sequence[Sequence[int]] | None = None) -> TokenRoute:
         """Append the next token (``t`` is assigned in order); InputError if invalid."""
         if self._f is None:
             raise InputError("the MoE trace writer is closed")
@@ -253,6 +271,8 @@ class MoETraceWriter:
                                                        for row in layers]}
         if scores is not None:
             obj["scores"] = [[float(s) for s in row] for row in scores]
+        if hints is not None:
+            obj["hints"] = [[int(e) for e in row] for row in hints]
         try:
             route = route_from_json(obj, self.header, self.t)
         except ValueError as exc:
@@ -291,7 +311,7 @@ def write_moe_trace(path: str | Path, header: TraceHeader | dict[str, Any],
     with MoETraceWriter(path, header) as w:
         for r in routes:
             if isinstance(r, TokenRoute):
-                w.write(r.layers, r.scores)
+                w.write(r.layers, r.scores, r.hints)
             else:
                 w.write(r)
         return w.t

@@ -112,6 +112,12 @@ def test_provider_sees_the_union_of_routed_experts(tmp_path: Path) -> None:
     for layer, ids in rec.requests:
         assert ids == sorted(set(routes.experts[:, layer].ravel().tolist()))
     assert rec.hints == []
+    assert routes.hints.shape == routes.experts.shape and np.all(routes.hints[:, 0] == -1)
+    # a single token's hint for layer l+1 is routes.hints[t, l+1]
+    moe.set_hint(True)
+    rec.requests.clear()
+    logits(moe, IDS[:1])
+    assert rec.hints == [(la, sorted(routes.hints[0, la].tolist())) for la in range(1, LAYERS)]
     # each token's routes are its own: a single token routes as in the batch (prefill)
     for t in (0, 5):
         one = moe.route(IDS[:t + 1]).experts[-1]

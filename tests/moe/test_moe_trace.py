@@ -41,7 +41,7 @@ def test_round_trip(tmp_path: Path) -> None:
     with MoETraceWriter(p, HEADER) as w:
         assert not p.exists()                       # written atomically on close
         w.write(TOKENS[0], SCORES[0])
-        w.write(TOKENS[1])
+        w.write(TOKENS[1], hints=[[], [0, 1, 2], [3]])
     assert p.read_text().splitlines()[0] == json.dumps(HEADER, separators=(",", ":"))
     h, routes = read_all(p)
     assert h.to_json() == HEADER
@@ -49,6 +49,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert routes[0].layers == ((0, 1), (2, 3), (3, 0))
     assert routes[0].scores == ((0.5, 0.25), (1.0, -2.0), (3.0, 2.0))
     assert routes[1].scores is None
+    assert routes[0].hints is None and routes[1].hints == ((), (0, 1, 2), (3,))
     q = tmp_path / "q.jsonl"
     assert write_moe_trace(q, h, routes) == 2
     assert read_all(q) == (h, routes)
@@ -122,6 +123,11 @@ BAD_TOKENS: list[Any] = [
     {"t": 0, "layers": TOKENS[0], "scores": [["a", 1.0], [1.0, 2.0], [1.0, 2.0]]},
     {"t": 0, "layers": TOKENS[0], "scores": None},
     {"t": 0, "layers": TOKENS[0], "extra": 1},
+    {"t": 0, "layers": TOKENS[0], "hints": [[], [1]]},    # hints: one list per layer
+    {"t": 0, "layers": TOKENS[0], "hints": [[], [4], []]},
+    {"t": 0, "layers": TOKENS[0], "hints": [[], [1, 1], []]},
+    {"t": 0, "layers": TOKENS[0], "hints": [[], 1, []]},
+    {"t": 0, "layers": TOKENS[0], "hints": None},
     '{"t": 0, "layers": [[0, 1], [2, 3], [3, 0]], "scores": [[NaN, 1], [1, 2], [1, 2]]}',
     '{"t": 0, "layers": [[0, 1], [2, 3], [3, 0]], "scores": [[1e999, 1], [1, 2], [1, 2]]}',
     '{"t": 0, "t": 0, "layers": [[0, 1], [2, 3], [3, 0]]}',
@@ -244,11 +250,13 @@ def test_cli_trace_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     text.write_text("hello, mixture of experts " * 3)
     out = tmp_path / "trace.jsonl"
     assert main(["moe", "trace", "--experts", "4", "--top-k", "2", "--text", str(text),
-                 "--window", "32", "--scores", "--out", str(out), "--quiet"]) == 0
+                 "--window", "32", "--scores", "--hints", "--out", str(out), "--quiet"]) == 0
     h, routes = read_all(out)
     assert (h.model, h.layers, h.experts, h.top_k, h.expert_bytes) == ("tiny", 3, 4, 2,
                                                                         3 * 16 * 32 * 2)
     assert len(routes) == 78 and all(r.scores is not None for r in routes)
+    assert all(r.hints is not None and r.hints[0] == () and len(r.hints[1]) == 2
+               for r in routes)
     assert main(["moe", "trace", "--experts", "4", "--top-k", "5", "--text", str(text),
                  "--out", str(out)]) == 2
     assert main(["moe", "trace", "--text", str(tmp_path / "nope.txt"), "--out",
