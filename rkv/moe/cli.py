@@ -51,7 +51,13 @@ def _add_trace(sub: Any) -> None:
     p.set_defaults(fn=cmd_trace)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_trace]
+def _add_run(sub: Any) -> None:
+    from rkv.moe.run import add_run
+
+    add_run(sub)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_trace, _add_run]
 
 
 def add_moe_parser(sub: Any) -> argparse.ArgumentParser:
@@ -105,8 +111,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
             r = moe.route(ids)
             for t in range(len(ids)):
                 hints = ([[], *r.hints[t, 1:].tolist()] if args.hints else None)
-                w.write(r.experts[t].tolist(), r.scores[t].tolist() if args.scores else None,
-                        hints)
+                scores = ([[float(f"{x:.6g}") for x in row] for row in r.scores[t].tolist()]
+                          if args.scores else None)
+                w.write(r.experts[t].tolist(), scores, hints)
             log(f"window {i + 1}/{len(windows)}: {len(ids)} tokens")
         n = w.t
     log(f"wrote {n} tokens x {moe.spec.layers} layers to {args.out}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import uuid
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,13 +248,12 @@ class MoETraceWriter:
             raise InputError(f"bad MoE trace header: {exc}") from exc
         self.path = Path(path)
         self.t = 0
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name, suffix=".tmp",
-                                       dir=self.path.parent)
+        self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        try:   # "x": a new file with the umask's permissions
+            self._f: IO[str] | None = open(self._tmp, "x", encoding="utf-8",  # noqa: SIM115
+                                           newline="\n")
         except OSError as exc:
             raise InputError(f"{self.path}: cannot write MoE trace: {exc}") from exc
-        self._tmp = Path(tmp)
-        self._f: IO[str] | None = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
         self._emit(self.header.to_json())
 
     def _emit(self, obj: dict[str, Any]) -> None:
