@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import sys
 import time
@@ -185,6 +186,9 @@ def greedy(model: Any, prompt: Sequence[int], n: int, *, provider: Any = None,
     if n < 1 or not prompt:
         raise InputError("need a non-empty prompt and at least one token")
     tokens: list[int] = []
+    hf = getattr(model, "model", model)              # a MoEModel wraps the HF model
+    cache_kw = ("cache" if "cache" in inspect.signature(hf.forward).parameters
+                else "past_key_values")              # transformers >= 5.x: cache
     with torch.no_grad():
         t0 = time.perf_counter()
         out = model(torch.tensor([list(prompt)]), use_cache=True)
@@ -193,8 +197,8 @@ def greedy(model: Any, prompt: Sequence[int], n: int, *, provider: Any = None,
         s0 = _stats(provider)
         t1 = time.perf_counter()
         while len(tokens) < n and tokens[-1] != eos:
-            out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values,
-                        use_cache=True)
+            out = model(torch.tensor([[tokens[-1]]]), use_cache=True,
+                        **{cache_kw: getattr(out, "cache", None) or out.past_key_values})
             tokens.append(int(out.logits[0, -1].argmax()))
         t2 = time.perf_counter()
     return Generation(tokens, prefill, t2 - t1, s0, _stats(provider))
