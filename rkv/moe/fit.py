@@ -278,6 +278,8 @@ def load_fit(path: Path, fingerprint: str, digest: str, layers: int, d_ff: int,
     elif w.dtype.kind != "f" or b.dtype.kind != "f" or not (
             np.all(np.isfinite(w)) and np.all(np.isfinite(b))):
         problems.append("router weights not finite floats")
+    if arrs["seconds"].shape != () or arrs["seconds"].dtype.kind not in "fiu":
+        problems.append("seconds is not a number")
     if problems:
         raise FitCacheError(f"{path}: bad MoE fit cache: {'; '.join(problems)}")
     return Fit(perm.astype(np.int64), w.astype(np.float32), b.astype(np.float32), fingerprint,

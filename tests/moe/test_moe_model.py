@@ -250,6 +250,9 @@ def _corruptions(path: Path) -> Iterable[tuple[str, bytes]]:
     yield "pickled", npz(perm=np.array([{"a": 1}], dtype=object))
     yield "missing key", _drop(arrs, "router_b")
     yield "version", npz(version=np.array(99))
+    yield "seconds", npz(seconds=np.array([1.0, 2.0]))
+    yield "seconds text", npz(seconds=np.array("x"))
+    yield "int router", npz(router_w=arrs["router_w"].astype(np.int64))
 
 
 def _drop(arrs: dict[str, Any], key: str) -> bytes:
