@@ -163,7 +163,7 @@ def test_replay_uses_the_shared_policy_classes() -> None:
 # -- hostile files ---------------------------------------------------------------------------------
 HEAD = {"format": "rkv-moe-trace", "version": 1, "model": "m", "fingerprint": "00",
         "layers": 2, "experts": 4, "top_k": 2, "expert_bytes": 8}
-GOOD = {"t": 0, "layers": [[0, 1], [2]]}
+GOOD = {"t": 0, "layers": [[0, 1], [2, 3]]}
 
 
 @pytest.mark.parametrize("lines", [
@@ -197,7 +197,8 @@ def test_missing_file_and_bad_limit(tmp_path: Path) -> None:
     with pytest.raises(InputError):
         R.read_trace(tmp_path / "nope.jsonl")
     p = tmp_path / "ok.jsonl"
-    p.write_text(json.dumps(HEAD) + "\n" + json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n")
+    p.write_text(json.dumps(HEAD) + "\n" + json.dumps(GOOD) + "\n"
+                 + json.dumps({**GOOD, "t": 1}) + "\n")
     assert R.read_trace(p, limit=1).tokens == 1
     with pytest.raises(InputError):
         R.read_trace(p, limit=0)
