@@ -36,6 +36,7 @@ from typing import Any
 
 from rkv.errors import ConfigError
 from rkv.model import ModelSpec
+from rkv.specs import strict_json
 
 KINDS = ("k", "v")
 BITS = (8, 4, 2)
@@ -194,27 +195,12 @@ def validate_profile(d: Any) -> Profile:
                    kl, se, ppl, n_layers, meta)
 
 
-def _no_constants(name: str) -> Any:
-    raise ConfigError(f"profile JSON contains {name}: not a finite number")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ConfigError(f"profile JSON repeats the key {k!r}")
-        out[k] = v
-    return out
-
-
 def parse_profile(data: bytes | str, where: str = "profile") -> Profile:
     """Parse and validate a profile from JSON text (never anything but JSON)."""
     if len(data) > MAX_PROFILE_BYTES:
         raise ConfigError(f"{where} is larger than {MAX_PROFILE_BYTES} bytes")
     try:
-        d = json.loads(data, parse_constant=_no_constants, object_pairs_hook=_no_duplicates)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        d = strict_json(data)
     except (ValueError, RecursionError) as exc:     # JSONDecodeError, UnicodeDecodeError
         raise ConfigError(f"{where} is not valid JSON: {exc}") from None
     try:

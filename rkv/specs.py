@@ -7,6 +7,7 @@ spec string, a config dict with an ``id``, or an instance (returned as is).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
@@ -50,6 +51,26 @@ def _split_top(body: str) -> list[str]:
         raise ConfigError(f"unbalanced parentheses in {body!r}")
     parts.append(body[start:])
     return parts
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (not a finite number)")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the JSON repeats the key {k!r}")
+        out[k] = v
+    return out
+
+
+def strict_json(text: str | bytes) -> Any:
+    """``json.loads`` that refuses NaN/Infinity and repeated keys (``ValueError``, as for any
+    other malformed JSON; ``RecursionError`` for absurd nesting): for files rkv reads from
+    users and disks, where a second value for a key must not silently win."""
+    return json.loads(text, parse_constant=_no_constants, object_pairs_hook=_no_duplicates)
 
 
 class Configured:

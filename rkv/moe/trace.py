@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from rkv.errors import InputError
+from rkv.specs import strict_json
 
 FORMAT = "rkv-moe-trace"
 VERSION = 1
@@ -72,21 +73,8 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed")
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
 def _parse(line: str) -> Any:
-    return json.loads(line, parse_constant=_no_constants, object_pairs_hook=_pairs)
+    return strict_json(line)
 
 
 def header_from_json(obj: Any) -> TraceHeader:
