@@ -165,29 +165,26 @@ class ReuseEstimator:
         """``key`` left ``tier`` (None: every tier): its stay there ends, whatever the
         ``reason``. Keys the estimator never saw inserted are ignored."""
         now = self._tick(now)
-        lives = self._alive.get(key)
-        if not lives:
-            return
-        for name in [tier] if tier is not None else list(lives):
-            cell = lives.pop(name, None)
-            if cell is not None:
-                cell.depart(now, self._keep)
-        if not lives:
-            del self._alive[key]
+        for cell in self._stop(key, tier):
+            cell.depart(now, self._keep)
 
     def forget(self, key: Hashable, tier: str | None = None) -> None:
         """Stop following ``key`` without a departure (the caller lost track of it: its
         exposure so far stays counted, a small upward bias)."""
+        for cell in self._stop(key, tier):
+            cell.advance(self.now)
+            cell.alive -= 1
+
+    def _stop(self, key: Hashable, tier: str | None) -> list[_Cell]:
+        """The cells of ``key``'s stays in ``tier`` (None: every tier), no longer followed."""
         lives = self._alive.get(key)
         if not lives:
-            return
-        for name in [tier] if tier is not None else list(lives):
-            cell = lives.pop(name, None)
-            if cell is not None:
-                cell.advance(self.now)
-                cell.alive -= 1
+            return []
+        names = [tier] if tier is not None else list(lives)
+        cells = [c for c in (lives.pop(n, None) for n in names) if c is not None]
         if not lives:
             del self._alive[key]
+        return cells
 
     def retain(self, keep: Callable[[Hashable, str], bool]) -> int:
         """Forget every (key, tier) for which ``keep`` is false (after the caller rebuilt

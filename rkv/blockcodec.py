@@ -231,11 +231,9 @@ def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
     data, corrected, degraded = _verified_data(dec, old, erased)
     if degraded or (old == codec and not corrected and not dec.header_repairs and not erased):
         return record
-    if codec is not None and codec.parts(1) is not None and quant is not None:
-        # Byte planes split values, not quantized codes: a quantized block moving to a tier
-        # laid out in planes gets the planes' strict (high) code over all of its data.
-        codec = getattr(codec, "high", None)
-    elif codec is not None:
-        codec = codec.for_itemsize(np.dtype(numpy_dtype(dec.header.dtype)).itemsize)
+    if codec is not None:
+        # A quantized block moving to a tier laid out in byte planes gets their strict code.
+        codec = codec.for_quantized() if quant is not None else \
+            codec.for_itemsize(np.dtype(numpy_dtype(dec.header.dtype)).itemsize)
     raw = np.frombuffer(bytes(data), dtype=np.uint8)
     return _encode_data(replace(dec.header, checksum=bytes(16)), raw, quant, codec)

@@ -206,6 +206,7 @@ def _label(engine: Engine, txn: Any, items: list[tuple[bytes, int, str]]) -> int
         if meta is None:
             continue
         pipes = [meta.pipe(i) for i in range(len(meta.blocks))]
+        before = done
         for layer, tier in layers:
             if meta.blocks[layer][0] != tier or pipes[layer]:
                 continue     # moved or labelled meanwhile
@@ -217,7 +218,7 @@ def _label(engine: Engine, txn: Any, items: list[tuple[bytes, int, str]]) -> int
             except RkvError:
                 continue     # unreadable now: reads report it
             done += 1
-        if tuple(pipes) != tuple(meta.pipe(i) for i in range(len(meta.blocks))):
+        if done > before:
             ix.put_chunk(txn, key, meta.with_(pipes=tuple(pipes)), meta)
     return done
 

@@ -137,3 +137,32 @@ def test_demotion_moves_a_degraded_record_as_it_is(store_path: Path) -> None:
         assert e.tiers["cxl"].get(bkey) == damaged
         got = e.get(t0, model=spec)
         assert got.n_tokens == 16 and got.counts["degraded"] == 1
+
+
+def test_a_quantized_block_demoted_into_planes_gets_their_strict_code(store_path: Path
+                                                                       ) -> None:
+    """Byte planes lay out values, not KIVI codes: a 4-bit block moving to a planes tier is
+    re-encoded with the planes' high-plane code over all of its data, and reads back."""
+    spec = spec_for("float16")
+    base = local_config(16)
+    tiers = (replace(base.tiers[0], quant="kivi(bits=4)"), replace(base.tiers[1], ecc=STRICT),
+             base.tiers[2])
+    with Engine.open(store_path, replace(base, tiers=tiers)) as e0:
+        one = e0.put(toks(16, 0), random_kv(spec, 16), model=spec).bytes_written
+        e0.clear()
+    tiers = tuple(replace(t, capacity_bytes=c)
+                  for t, c in zip(tiers, (one, 1 << 30, 1 << 30), strict=True))
+    with Engine.open(store_path, replace(base, tiers=tiers, promote="never")) as e:
+        t0 = toks(16, 0)
+        e.put(t0, random_kv(spec, 16, 0), model=spec)
+        want = e.get(t0, model=spec).kv
+        e.put(toks(16, 1), random_kv(spec, 16, 1), model=spec)     # demotes t0's chunk
+        e.settle()
+        bkey = block_key(chunk_keys(as_token_array(t0), spec.fingerprint(), 16)[0], 0)
+        rec = e.tiers["cxl"].get(bkey)
+        assert rec is not None
+        codec = header_codec(decode_record(rec).header)
+        assert codec == PlanesCodec.from_config(
+            {"id": "planes", "high": "rs(255,223)", "low": "rs(255,247)"}).high
+        got = e.get(t0, model=spec)
+        assert got.ok and np.array_equal(np.asarray(got.kv), np.asarray(want))

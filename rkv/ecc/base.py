@@ -237,6 +237,11 @@ class Codec(Configured, ABC):
         """This code for a block of ``itemsize``-byte values (layouts that follow values)."""
         return self
 
+    def for_quantized(self) -> Codec:
+        """This code for quantized data, which has no values to lay out (byte planes give
+        their strict code over the whole block)."""
+        return self
+
     @property
     def corrects(self) -> bool:
         """True for error-correcting codes, False for detection-only checksums."""

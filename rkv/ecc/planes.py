@@ -131,6 +131,9 @@ class PlanesCodec(Codec):
         return PlanesCodec(self._high, self._low, tolerant=self._tolerant, width=itemsize,
                            high_bytes=itemsize // 2)
 
+    def for_quantized(self) -> Codec:
+        return self._high
+
     # ---------------------------------------------------------------- sizes
     def _sizes(self, n: int) -> tuple[int, int, int]:
         """(high plane bytes before its checksums, low plane bytes, values) for ``n``."""
@@ -284,8 +287,8 @@ class PlanesCodec(Codec):
         b, eras, n, henc, hi = self._open(buf, erasures)
         if isinstance(hi, DecodeResult):
             return None
-        high, digest, fixed = hi
-        _, _, detail = self._low_plane(b, henc, eras, digest)
+        # Called once decode() has failed on the low plane: not decoded a second time.
+        high, _, fixed = hi
         cut = self._w - self._hb
         e = n // self._w
         raw = self._low.systematic_data(b[henc:])
@@ -297,4 +300,4 @@ class PlanesCodec(Codec):
         # A lost byte's value is unknown: the middle of the low part's range bounds the error
         # by half a unit of the high part.
         low[lost] = np.where(lost % cut == cut - 1, 0x80, 0).astype(np.uint8)
-        return Degraded(self._join(high, low, n).tobytes(), fixed, e, detail or "low plane")
+        return Degraded(self._join(high, low, n).tobytes(), fixed, e, "low plane unverified")

@@ -16,25 +16,45 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rkv.errors import InputError
-
-FORMAT = "rkv-moe-trace"
-_MAX_DIM = 1 << 16
+from rkv.moe.trace import FORMAT as FORMAT  # re-exported for the replay's users
+from rkv.moe.trace import TraceHeader
 
 
 @dataclass
 class MoETrace:
-    """A routing trace: per token, per layer, the experts chosen (and optionally hinted)."""
+    """A routing trace: its header, and per token, per layer, the experts chosen (and
+    optionally hinted)."""
 
-    model: str
-    fingerprint: str
-    layers: int
-    experts: int
-    top_k: int
-    expert_bytes: int
+    header: TraceHeader
     routes: list[list[tuple[int, ...]]]            # [token][layer] -> expert ids
     hints: list[list[tuple[int, ...]]] | None = None   # [token][layer] -> predicted ids
     path: str = ""
     _refs: list[Hashable] | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> str:
+        return self.header.model
+
+    @property
+    def fingerprint(self) -> str:
+        return self.header.fingerprint
+
+    @property
+    def layers(self) -> int:
+        return self.header.layers
+
+    @property
+    def experts(self) -> int:
+        return self.header.experts
+
+    @property
+    def top_k(self) -> int:
+        return self.header.top_k
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.header.expert_bytes
+
 
     @property
     def tokens(self) -> int:
@@ -49,7 +69,8 @@ class MoETrace:
         return self._refs
 
     def with_expert_bytes(self, nbytes: int) -> MoETrace:
-        return replace(self, expert_bytes=nbytes, _refs=self._refs)
+        return replace(self, header=replace(self.header, expert_bytes=nbytes),
+                       _refs=self._refs)
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -78,5 +99,4 @@ def read_trace(path: str | Path, limit: int | None = None) -> MoETrace:
             break
     if not routes:
         raise InputError(f"{path}: the MoE trace has no tokens")
-    return MoETrace(head.model, head.fingerprint, nl, head.experts, head.top_k,
-                    head.expert_bytes, routes, hints if any_hints else None, str(path))
+    return MoETrace(head, routes, hints if any_hints else None, str(path))

@@ -20,6 +20,7 @@ from rkv.cli import main
 from rkv.errors import ConfigError, InputError
 from rkv.moe import replay as R
 from rkv.moe.presets import PRESETS, preset, synthetic_routes, synthetic_trace
+from rkv.moe.trace import TraceHeader
 
 SLOW = R.Source("test", bandwidth=100.0, latency=0.0)     # 100-byte experts load in 1 s
 
@@ -100,7 +101,7 @@ def test_cooccur_learns_a_fixed_successor(tmp_path: Path) -> None:
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10**6), budget=st.integers(1, 12), per_layer=st.booleans())
 def test_belady_has_the_fewest_misses(seed: int, budget: int, per_layer: bool) -> None:
-    shape = R.MoETrace("m", "", 3, 6, 2, 1, [])
+    shape = R.MoETrace(TraceHeader("m", "", 3, 6, 2, 1), [])
     rng = random.Random(seed)
     shape.routes = [[tuple(rng.sample(range(6), 2)) for _ in range(3)] for _ in range(40)]
     opt = R.simulate(shape, R.BELADY, budget, per_layer=per_layer)
