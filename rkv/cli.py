@@ -457,11 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--threads", type=int, default=2)
     cal.add_argument("--quiet", action="store_true", help="no progress output")
     cal.set_defaults(fn=cmd_calibrate)
-    from rkv.placement.cli import register as register_plan
+    from rkv.commands import register_all
 
-    register_plan(sub)
-    from rkv.moe.cli import add_moe_parser
-    add_moe_parser(sub)
+    register_all(sub)
     return p
 
 
