@@ -14,6 +14,7 @@ model.events(1 << 20, 24.0)                       # the Poisson event classes (E
 pat = model.sample(1 << 20, 24.0, np.random.default_rng(0))          # ErrorPattern
 pat = model.sample_given_error(1 << 20, 24.0, np.random.default_rng(0))
 pat.apply(buf, rng)                               # flip bits / fill erasures in a uint8 array
+fm.accelerate(model, 10.0)                        # the same model, raw fault rates x 10
 ```
 
 Models: `raw-ber` (`RawBerModel`), `dram` (`DramModel`), `cxl` (`CxlModel`), `nand`
@@ -23,6 +24,7 @@ Models: `raw-ber` (`RawBerModel`), `dram` (`DramModel`), `cxl` (`CxlModel`), `na
 
 from __future__ import annotations
 
+from .accel import accelerate, check_multiplier
 from .base import (
     ERASURE_KINDS,
     EVENT_KINDS,
@@ -64,6 +66,8 @@ __all__ = [
     "FaultModelError",
     "NandModel",
     "RawBerModel",
+    "accelerate",
+    "check_multiplier",
     "dump",
     "get_model",
     "list_presets",

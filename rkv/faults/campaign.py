@@ -71,7 +71,9 @@ class CampaignConfig:
     protection; ``fault_model`` (a preset name, or a table with ``preset`` and overrides) and
     ``protection`` (a codec spec, ``none`` for the end-to-end checksum alone, ``raw`` for no
     protection at all) override it. The block shape defaults to one SmolLM2-135M block
-    (256 tokens x 3 KV heads x 64 dims, fp16: 192 KiB).
+    (256 tokens x 3 KV heads x 64 dims, fp16: 192 KiB). ``ber_multiplier`` accelerates the
+    fault model (:func:`faultmodels.accelerate`: its raw fault rates times that factor); the
+    analytic prediction judges the same accelerated model.
     """
 
     tier: str = "nvme"
@@ -90,6 +92,7 @@ class CampaignConfig:
     sampling: str = "auto"
     rows: str = ""
     tilt: float | str = 0.0
+    ber_multiplier: float = 1.0
 
     def __post_init__(self) -> None:
         names = [t.name for t in default_tiers()]
@@ -120,6 +123,12 @@ class CampaignConfig:
                                         and (self.tilt == 0 or 0 < self.tilt < math.inf))):
             raise ConfigError(f"tilt must be 0 (off), a factor > 0 or \"auto\", got "
                               f"{self.tilt!r}")
+        import faultmodels
+
+        try:
+            faultmodels.check_multiplier(self.ber_multiplier)
+        except faultmodels.FaultModelError as exc:
+            raise ConfigError(f"campaign {exc}") from exc
         self.tier_config()  # validates the protection's codec spec
         self.model()        # validates the fault model
 
@@ -157,7 +166,7 @@ class CampaignConfig:
         spec: Any = self.fault_model or next(
             t for t in default_tiers() if t.name == self.tier).fault_model
         try:
-            return faultmodels.get_model(spec)
+            return faultmodels.accelerate(faultmodels.get_model(spec), self.ber_multiplier)
         except ValueError as exc:
             raise ConfigError(f"bad fault model {spec!r}: {exc}") from exc
 
@@ -382,8 +391,11 @@ def format_summary(s: Summary) -> str:
     analytic = {"clean": 1 - p.p_error, "masked": None, "corrected": p.p_corrected,
                 "degraded": p.p_degraded, "due": p.p_due, "sdc": p.p_sdc}
     cfg = s.config
+    mult = cfg.get("ber_multiplier", 1.0)
+    accel = f" (rates x {mult:g}: accelerated)" if mult != 1 else ""
     lines = [
-        f"campaign: tier {cfg['tier']}, fault model {cfg['fault_model'] or '(tier default)'}, "
+        f"campaign: tier {cfg['tier']}, fault model {cfg['fault_model'] or '(tier default)'}"
+        f"{accel}, "
         f"protection {s.protection}, {cfg['hours']} h, {s.trials} trials x {cfg['blocks']} "
         f"blocks of {cfg['chunk_tokens'] * cfg['kv_heads'] * cfg['head_dim'] * 2 * 2 // 1024}"
         f" KiB, {s.sampling} sampling",

@@ -177,13 +177,22 @@ def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
     return list(model.events(nbytes, hours))
 
 
-def predict(protection: Protection, data_bytes: int, model: Any, hours: float) -> Prediction:
+def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *,
+            ber_multiplier: float = 1.0) -> Prediction:
     """Outcome probabilities for one block stored under ``protection`` (a codec spec,
     ``"none"``, ``"raw"``, or a :class:`~rkv.pipeline.Pipeline`) for ``hours``: a pure
     function of the pipeline, the block's data bytes (after any quantizer), the fault model
-    and the residency."""
+    and the residency. ``ber_multiplier`` judges the accelerated model
+    (:func:`faultmodels.accelerate`), as a campaign with that multiplier injects it."""
     if data_bytes <= 0:
         raise ConfigError("data_bytes must be positive")
+    if isinstance(ber_multiplier, bool) or ber_multiplier != 1.0:
+        import faultmodels
+
+        try:
+            model = faultmodels.accelerate(model, ber_multiplier)
+        except faultmodels.FaultModelError as exc:
+            raise ConfigError(str(exc)) from exc
     pipe = as_pipeline(protection)
     parts = pipe.codec.parts(data_bytes) if pipe is not None and pipe.codec else None
     if parts is not None:
