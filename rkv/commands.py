@@ -10,6 +10,7 @@ from typing import Any
 COMMANDS: list[str] = [
     "rkv.placement.cli:register",
     "rkv.moe.cli:add_moe_parser",
+    "rkv.sweep.report_cli:register",
 ]
 
 
