@@ -18,7 +18,7 @@ from rkv.cli import main
 from rkv.errors import InputError
 from rkv.faults.campaign import wilson
 from rkv.sweep.report import load_rows, pareto, summary, write_report
-from rkv.sweep.report_rows import ResultsError, TornLineWarning
+from rkv.sweep.report_rows import ResultsError, TornLineWarning, check_row
 from rkv.sweep.report_rows import settings as pooled
 
 N = 100  # blocks per row
@@ -260,6 +260,26 @@ def test_report_with_missing_metrics_and_hostile_text(tmp_path: Path) -> None:
     md = rep.markdown.read_text()
     assert "Not measured" in md and "a$b\\\\frac{\\|" in md
     assert "no reliability measured" in rep.summary
+
+
+def test_planned_and_raw_cells() -> None:
+    planned = row(code="x", overhead=0.2, kl=0.001, placement={"objective": "cost"})
+    planned["config"]["bits"] = planned["config"]["code"] = None
+    raw = row(bits=16, code="raw", overhead=0.0, kl=None, sdc=7)
+    raw["cost"]["put_gbps"] = raw["cost"]["get_gbps"] = None
+    rows = [planned, raw, row(bits=16, code="none", overhead=0.01, kl=0.0, due=9)]
+    sets = pooled(rows)
+    assert (sets[0].bits, sets[0].code) == (None, "planned") and sets[1].put_gbps is None
+    assert [p["label"] for p in pareto(rows)][0].startswith("planned")
+    text = summary(rows)
+    assert "raw storage (no checksum, what peers do), 16 bits: silently wrong KV returned, " \
+           "P(SDC) 0.07" in text
+    # raw storage's SDC is not rkv's: the verdict counts rkv's settings only.
+    assert text.splitlines()[-1].startswith("verdict: rkv returned no silently wrong KV in 200")
+    bad = row(placement=None)
+    bad["config"]["bits"] = None
+    with pytest.raises(ValueError, match="config.bits"):
+        check_row(bad)
 
 
 def test_summary_says_what_to_use() -> None:

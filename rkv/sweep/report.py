@@ -121,7 +121,7 @@ def short_code(code: str) -> str:
     return c if len(c) <= 14 else c[:13] + "…"
 
 
-_FIXED = ("tier", "bits", "code", "metrics")
+_FIXED = ("tier", "bits", "code", "metrics", "settings")
 
 
 def varying(sets: Sequence[Setting], tier: str) -> tuple[str, ...]:
@@ -141,7 +141,7 @@ def _compact(v: Any) -> str:
 
 def label(s: Setting, extra: Sequence[str] = ()) -> str:
     """``4b rs223`` plus the varying axes, e.g. ``4b rs223 ber_multiplier=100``."""
-    text = f"{s.bits}b {short_code(s.code)}"
+    text = "planned" if s.bits is None else f"{s.bits}b {short_code(s.code)}"
     for k in extra:
         text += f" {k}={_compact(s.config.get(k))}"[:32]
     return text
@@ -195,7 +195,8 @@ def _safe(s: Setting, max_kl: float) -> bool:
 
 
 def _describe(s: Setting) -> str:
-    parts = [f"{s.bits} bits + {s.code}"]
+    parts = ["bits and codes planned by placement" if s.bits is None
+             else f"{s.bits} bits + {s.code}"]
     if s.overhead is not None:
         parts.append(f"overhead {fmt_num(s.overhead)}"
                      + (f" ({s.bytes_per_token:,.0f} B/token)" if s.bytes_per_token else ""))
@@ -203,6 +204,28 @@ def _describe(s: Setting) -> str:
         parts.append(f"KL {fmt_interval(s.kl, 2)}")
     parts.append(f"DUE {fmt_rate(s.due)}")
     return ", ".join(parts)
+
+
+def _unprotected(group: Sequence[Setting]) -> list[str]:
+    """What storage without rkv's protection did: raw cells if the sweep has them, else what
+    checksum-only cells caught (raw storage would have returned those blocks unchecked)."""
+    raw = [s for s in group if s.code == "raw" and s.sdc is not None]
+    if raw:
+        worst = max(raw, key=lambda s: s.sdc.rate if s.sdc else 0.0)
+        text = (f"  raw storage (no checksum, what peers do), {worst.bits} bits: silently "
+                f"wrong KV returned, P(SDC) {fmt_rate(worst.sdc)}")
+        if worst.kl is not None:
+            text += f", KL {fmt_interval(worst.kl, 2)}"
+        return [text]
+    chk = [s for s in group if s.code.replace(" ", "") in _CHECKSUM_ONLY and s.due]
+    if not chk:
+        return []
+    worst = max(chk, key=lambda s: s.due.rate if s.due else 0.0)
+    if not (worst.due and worst.due.n):
+        return []
+    return [f"  unprotected: with a checksum only ({worst.bits} bits), P(DUE) = "
+            f"{worst.due.rate:.2g} per block (detected, recomputed); raw storage, with no "
+            "checksum, would have returned those blocks as silently wrong KV"]
 
 
 def summary(rows: Sequence[Mapping[str, Any]], *, max_kl: float = MAX_KL) -> str:
@@ -221,10 +244,10 @@ def summary(rows: Sequence[Mapping[str, Any]], *, max_kl: float = MAX_KL) -> str
     safe_tiers, sdc_total, blocks = [], 0, 0
     for tier in tiers(sets):
         group = [s for s in sets if s.tier == tier]
-        rel = [s for s in group if s.sdc is not None]
+        rel = [s for s in group if s.sdc is not None and s.code != "raw"]
         sdc_total += sum(s.sdc.n for s in rel if s.sdc)
         blocks += sum(s.sdc.total for s in rel if s.sdc)
-        ok = sorted((s for s in group if _safe(s, max_kl)),
+        ok = sorted((s for s in group if _safe(s, max_kl) and s.code != "raw"),
                     key=lambda s: (s.overhead or 0.0, s.due.hi if s.due else 0.0))
         cond = "no SDC seen" + (f" and KL < {max_kl:g}" if any(s.kl for s in group) else "")
         if ok:
@@ -240,15 +263,8 @@ def summary(rows: Sequence[Mapping[str, Any]], *, max_kl: float = MAX_KL) -> str
         else:
             out.append(f"{tier}: no reliability measured; cheapest: "
                        + _describe(min(group, key=lambda s: s.overhead or 0.0)))
-        chk = [s for s in group if s.code.replace(" ", "") in _CHECKSUM_ONLY and s.due]
-        if chk:
-            worst = max(chk, key=lambda s: s.due.rate if s.due else 0.0)
-            if worst.due and worst.due.n:
-                out.append(f"  unprotected: with a checksum only ({worst.bits} bits), "
-                           f"P(DUE) = {worst.due.rate:.2g} per block (detected, recomputed); "
-                           "raw storage, with no checksum, would have returned those blocks "
-                           "as silently wrong KV")
-        bad = [s for s in rel if s.sdc and s.sdc.n]
+        out += _unprotected(group)
+        bad = [s for s in rel if s.sdc and s.sdc.n and s.code != "raw"]
         if bad:
             out.append(f"  SDC seen in {len(bad)} setting(s): "
                        + "; ".join(f"{label(s)} {fmt_rate(s.sdc)}" for s in bad[:4]))

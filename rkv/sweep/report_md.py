@@ -44,7 +44,7 @@ def _compact(v: Any) -> str:
 
 def _setting_row(s: Setting, extra: Sequence[str], front: set[str]) -> list[str]:
     top1 = fmt_interval(s.top1) if s.top1 else "–"
-    return ([f"{s.bits}", f"`{s.code}`"] + [_compact(s.config.get(k)) for k in extra]
+    return ([str(s.bits or "planned"), f"`{s.code}`"] + [_compact(s.config.get(k)) for k in extra]
             + [f"{len(s.seeds)}", fmt_num(s.overhead),
                f"{s.bytes_per_token:,.0f}" if s.bytes_per_token is not None else "–",
                fmt_interval(s.kl), top1, fmt_interval(s.ppl), fmt_rate(s.sdc),
@@ -86,6 +86,8 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
         "95 % Wilson intervals on the counts pooled over seeds; \"0/N (≤ x)\" means none was "
         "seen in N blocks, x being the upper bound. P(DUE) and P(SDC) analytic are "
         "`rkv.faults.reliability.predict` for the same setting.",
+        "- Storage overhead: `cost.overhead`, stored bytes per token (data, ECC, headers) "
+        "divided by the fp16 KV's bytes per token, minus 1 (-0.75: four times smaller).",
         f"- Pareto-optimal: no other setting of the tier is at least as good on every one of "
         f"storage overhead, KL, P(SDC) and P(DUE) and better on one; rates taken at their "
         f"{'95 % upper bound' if rate == 'hi' else 'point estimate'}.", "",
@@ -116,7 +118,7 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
         text += [f"### {_cell(tier)}", "",
                  f"Objectives compared: {', '.join(objs) or 'none measured'}.", ""]
         for s in group:
-            text.append(f"- **{_cell(label(s, extra))}** (`{_cell(s.code)}`, {s.bits} bits): "
+            text.append(f"- **{_cell(label(s, extra))}** (`{_cell(s.code)}`, {s.bits or 'planned'} bits): "
                         f"overhead {fmt_num(s.overhead)}, KL {fmt_interval(s.kl)}, "
                         f"SDC {fmt_rate(s.sdc)}, DUE {fmt_rate(s.due)}")
         text.append("")
@@ -125,7 +127,7 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
     for tier in tiers(sets):
         extra = varying(sets, tier)
         group = sorted((s for s in sets if s.tier == tier),
-                       key=lambda s: (-s.bits, s.code, s.overhead or 0.0))
+                       key=lambda s: (-(s.bits or 0), s.code, s.overhead or 0.0))
         header = (["bits", "code", *extra, "seeds", "overhead", "bytes/token", "KL (nats)",
                    "top-1", "perplexity", "P(SDC) seen", "P(DUE) seen", "P(DUE) analytic",
                    "P(SDC) analytic", "Pareto"])

@@ -71,7 +71,7 @@ def _title(group: Sequence[Setting], tier: str) -> str:
 
 
 def _x(s: Setting, cost: bool) -> float:
-    return float(s.overhead if cost and s.overhead is not None else s.bits)
+    return float(s.overhead if cost and s.overhead is not None else (s.bits or 0))
 
 
 def _labels(fig: Any, ax: Any, pts: Sequence[tuple[Setting, float, float]],
@@ -194,7 +194,7 @@ def plot_pareto(plt: Any, sets: Sequence[Setting], front: set[str], stem: Path,
         if xs:
             ax.step(xs, ys, where="post", color="k", lw=0.9, alpha=0.7, zorder=0,
                     label="Pareto front, no SDC seen")
-        ax.set_xlabel("storage overhead (cost.overhead)" if cost else "bits per value")
+        ax.set_xlabel("storage overhead: stored bytes/token ÷ fp16 − 1" if cost else "bits per value")
         ax.set_ylabel("quality loss: KL (nats/token), 95 % CI")
         ax.set_title(_title(group, tier))
         ax.grid(True, which="major", lw=0.3, alpha=0.5)
@@ -244,7 +244,7 @@ def plot_reliability(plt: Any, sets: Sequence[Setting], front: set[str], stem: P
         ax.set_yscale("log")
         _code_labels(fig, ax, [(s, _x(s, cost), _shown(s.due)[0]) for s in pts
                                if s.due is not None and _shown(s.due)[0] > 0], extra)
-        ax.set_xlabel("storage overhead (cost.overhead)" if cost else "bits per value")
+        ax.set_xlabel("storage overhead: stored bytes/token ÷ fp16 − 1" if cost else "bits per value")
         ax.set_ylabel("per-block rate (95 % CI)")
         ax.set_title(_title(group, tier))
         ax.grid(True, which="major", lw=0.3, alpha=0.5)

@@ -81,14 +81,16 @@ def _interval(v: Any, where: str) -> None:
 
 def _check_config(c: dict[str, Any]) -> None:
     _str(c.get("tier"), "config.tier", 64)
-    _int(c.get("bits"), "config.bits", 1)
-    if c["bits"] > 64:
-        raise ValueError(f"config.bits: {c['bits']} is above 64")
-    _str(c.get("code"), "config.code")
+    if c.get("bits") is not None or c.get("placement") is None:   # planned cells have none
+        if _int(c.get("bits"), "config.bits", 1) > 64:
+            raise ValueError(f"config.bits: {c['bits']} is above 64")
+    if c.get("code") is not None or c.get("placement") is None:
+        _str(c.get("code"), "config.code")
     _int(c.get("seed"), "config.seed", -(1 << 63))
     if c.get("preset") is not None:
         _str(c["preset"], "config.preset", 64)
-    _num(c.get("ber_multiplier"), "config.ber_multiplier", lo=0.0, null=True)
+    for k in ("ber_multiplier", "hours"):
+        _num(c.get(k), f"config.{k}", lo=0.0, null=True)
     for k in ("params", "layout"):
         if c.get(k) is not None:
             _dict(c[k], f"config.{k}")
@@ -131,8 +133,10 @@ def _check_quality(q: dict[str, Any]) -> None:
 
 
 def _check_cost(c: dict[str, Any]) -> None:
-    for k in ("bytes_per_token", "raw_bytes_per_token", "put_gbps", "get_gbps"):
+    for k in ("bytes_per_token", "raw_bytes_per_token"):
         _num(c.get(k), f"cost.{k}", lo=0.0)
+    for k in ("put_gbps", "get_gbps"):          # null where nothing is stored (raw)
+        _num(c.get(k), f"cost.{k}", lo=0.0, null=True)
     _num(c.get("overhead"), "cost.overhead")
 
 
@@ -254,12 +258,16 @@ class Setting:
     get_gbps: float | None
 
     @property
-    def bits(self) -> int:
-        return int(self.config["bits"])
+    def bits(self) -> int | None:
+        """Bits per KV value; ``None`` when a placement plan chooses them per block."""
+        b = self.config.get("bits")
+        return None if b is None else int(b)
 
     @property
     def code(self) -> str:
-        return str(self.config["code"])
+        """The code spec, ``raw`` for bare storage, ``planned`` when placement chooses."""
+        c = self.config.get("code")
+        return "planned" if c is None else str(c)
 
 
 def canonical(obj: Any) -> str:
@@ -349,7 +357,7 @@ def _setting(tier: str, text: str, grp: Sequence[Mapping[str, Any]]) -> Setting:
     for k in q:
         if qual:
             q[k] = _pool_interval([(x[k], int(x["windows"])) for x in qual])
-    c = {k: _mean([float(x[k]) for x in cost]) for k in
+    c = {k: _mean([float(x[k]) for x in cost if x.get(k) is not None]) for k in
          ("overhead", "bytes_per_token", "raw_bytes_per_token", "put_gbps", "get_gbps")}
     refs = [float(x["ppl_ref"]) for x in qual if x.get("ppl_ref") is not None]
     return Setting(
