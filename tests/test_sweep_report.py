@@ -270,7 +270,7 @@ def test_planned_and_raw_cells() -> None:
     rows = [planned, raw, row(bits=16, code="none", overhead=0.01, kl=0.0, due=9)]
     sets = pooled(rows)
     assert (sets[0].bits, sets[0].code) == (None, "planned") and sets[1].put_gbps is None
-    assert [p["label"] for p in pareto(rows)][0].startswith("planned")
+    assert next(p["label"] for p in pareto(rows)).startswith("planned")
     text = summary(rows)
     assert "raw storage (no checksum, what peers do), 16 bits: silently wrong KV returned, " \
            "P(SDC) 0.07" in text
@@ -278,7 +278,7 @@ def test_planned_and_raw_cells() -> None:
     assert text.splitlines()[-1].startswith("verdict: rkv returned no silently wrong KV in 200")
     bad = row(placement=None)
     bad["config"]["bits"] = None
-    with pytest.raises(ValueError, match="config.bits"):
+    with pytest.raises(ValueError, match=r"config\.bits"):
         check_row(bad)
 
 

@@ -118,7 +118,8 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
         text += [f"### {_cell(tier)}", "",
                  f"Objectives compared: {', '.join(objs) or 'none measured'}.", ""]
         for s in group:
-            text.append(f"- **{_cell(label(s, extra))}** (`{_cell(s.code)}`, {s.bits or 'planned'} bits): "
+            bits = s.bits or "planned"
+            text.append(f"- **{_cell(label(s, extra))}** (`{_cell(s.code)}`, {bits} bits): "
                         f"overhead {fmt_num(s.overhead)}, KL {fmt_interval(s.kl)}, "
                         f"SDC {fmt_rate(s.sdc)}, DUE {fmt_rate(s.due)}")
         text.append("")

@@ -17,6 +17,8 @@ from rkv.errors import ConfigError
 from rkv.sweep.report import MODEL_NOTE, label, tiers, varying
 from rkv.sweep.report_rows import Rate, Setting
 
+XLABEL = "storage overhead: stored bytes/token ÷ fp16 − 1"
+
 
 def _plt() -> Any:
     try:
@@ -194,7 +196,7 @@ def plot_pareto(plt: Any, sets: Sequence[Setting], front: set[str], stem: Path,
         if xs:
             ax.step(xs, ys, where="post", color="k", lw=0.9, alpha=0.7, zorder=0,
                     label="Pareto front, no SDC seen")
-        ax.set_xlabel("storage overhead: stored bytes/token ÷ fp16 − 1" if cost else "bits per value")
+        ax.set_xlabel(XLABEL if cost else "bits per value")
         ax.set_ylabel("quality loss: KL (nats/token), 95 % CI")
         ax.set_title(_title(group, tier))
         ax.grid(True, which="major", lw=0.3, alpha=0.5)
@@ -244,7 +246,7 @@ def plot_reliability(plt: Any, sets: Sequence[Setting], front: set[str], stem: P
         ax.set_yscale("log")
         _code_labels(fig, ax, [(s, _x(s, cost), _shown(s.due)[0]) for s in pts
                                if s.due is not None and _shown(s.due)[0] > 0], extra)
-        ax.set_xlabel("storage overhead: stored bytes/token ÷ fp16 − 1" if cost else "bits per value")
+        ax.set_xlabel(XLABEL if cost else "bits per value")
         ax.set_ylabel("per-block rate (95 % CI)")
         ax.set_title(_title(group, tier))
         ax.grid(True, which="major", lw=0.3, alpha=0.5)

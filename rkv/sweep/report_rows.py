@@ -81,10 +81,10 @@ def _interval(v: Any, where: str) -> None:
 
 def _check_config(c: dict[str, Any]) -> None:
     _str(c.get("tier"), "config.tier", 64)
-    if c.get("bits") is not None or c.get("placement") is None:   # planned cells have none
-        if _int(c.get("bits"), "config.bits", 1) > 64:
-            raise ValueError(f"config.bits: {c['bits']} is above 64")
-    if c.get("code") is not None or c.get("placement") is None:
+    planned = c.get("placement") is not None        # then bits and code may be null
+    if (c.get("bits") is not None or not planned) and _int(c.get("bits"), "config.bits", 1) > 64:
+        raise ValueError(f"config.bits: {c['bits']} is above 64")
+    if c.get("code") is not None or not planned:
         _str(c.get("code"), "config.code")
     _int(c.get("seed"), "config.seed", -(1 << 63))
     if c.get("preset") is not None:
