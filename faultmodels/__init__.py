@@ -14,17 +14,19 @@ model.events(1 << 20, 24.0)                       # the Poisson event classes (E
 pat = model.sample(1 << 20, 24.0, np.random.default_rng(0))          # ErrorPattern
 pat = model.sample_given_error(1 << 20, 24.0, np.random.default_rng(0))
 pat.apply(buf, rng)                               # flip bits / fill erasures in a uint8 array
-fm.accelerate(model, 10.0)                        # the same model, raw fault rates x 10
+fm.accelerate(model, 10.0)                        # every fault event class 10x as frequent
 ```
 
 Models: `raw-ber` (`RawBerModel`), `dram` (`DramModel`), `cxl` (`CxlModel`), `nand`
-(`NandModel`). Presets are TOML files in ``faultmodels/presets`` (`list_presets`,
-`load_preset`); `load(path)` reads a user's copy. See ``docs/faultmodels/``.
+(`NandModel`), and `accelerated` (`AcceleratedModel`, from `accelerate`: any model with its
+fault events more frequent, for accelerated testing). Presets are TOML files in
+``faultmodels/presets`` (`list_presets`, `load_preset`); `load(path)` reads a user's copy.
+See ``docs/faultmodels/``.
 """
 
 from __future__ import annotations
 
-from .accel import accelerate, check_multiplier
+from .accel import AcceleratedModel, accelerate, check_multiplier
 from .base import (
     ERASURE_KINDS,
     EVENT_KINDS,
@@ -48,7 +50,7 @@ from .registry import (
     register_model,
 )
 
-for _cls in (RawBerModel, DramModel, CxlModel, NandModel):
+for _cls in (RawBerModel, DramModel, CxlModel, NandModel, AcceleratedModel):
     register_model(_cls)
 del _cls
 
@@ -57,6 +59,7 @@ __all__ = [
     "EVENT_KINDS",
     "MODE_NAMES",
     "SC12_FIT",
+    "AcceleratedModel",
     "CxlModel",
     "DramMode",
     "DramModel",

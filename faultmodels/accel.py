@@ -1,22 +1,20 @@
-"""Accelerated testing: a model whose raw fault rates are multiplied by a factor.
+"""Accelerated testing: a model whose fault events are ``ber_multiplier`` times as frequent.
 
 Field fault rates are far too low for a campaign or a quality run to see what protection does
-(a healthy SSD loses a 192 KiB block about twice in a billion days). Accelerated testing
-raises the rates of the physical faults and lets every model derive what follows from them,
-so coincidences and device-ECC failures grow faster than linearly, as they would on a worse
-medium. :func:`accelerate` returns a model *of the same class* with those rates scaled: its
-parameters say what was tested, and everything that takes a model (sampling, importance
-sampling, :func:`rkv.faults.reliability.predict`) sees the same accelerated rates.
+(a healthy SSD loses a 192 KiB block about twice in a billion days). :func:`accelerate` wraps
+any model so that every one of its event classes has ``x`` times its expected count (a
+Poisson class's mean times x, a binomial class's per-unit probability times x) with the same
+footprints: the mix of fault kinds the reader sees is kept, only their frequency changes, the
+same way for every tier. For ``raw-ber`` this is ``ber`` times x exactly; for DRAM and CXL the
+FIT rates times x (coincidences of correctable faults included, at x, not x squared); for
+NAND behind its device ECC the lost sectors, miscorrections, latent sector errors and silent
+corruption times x (not the raw bit error rate, which would fall off the ECC's cliff; raise
+``pe_cycles`` or ``hours`` for that). Rare outcomes therefore grow close to linearly in x
+(exactly for one-event outcomes), which keeps extrapolation back to x = 1 honest.
 
-What ``ber_multiplier`` x multiplies, per model:
-
-* ``raw-ber``: ``ber`` (a probability must stay <= 1 unless ``per_hour``);
-* ``dram``: ``fit_multiplier`` (every mode's FIT rate);
-* ``cxl``: ``media_multiplier`` (the media's FIT rates), ``controller_fit`` and ``link_ber``;
-* ``nand``: the raw bit error rate (``rber_fresh`` x for the power law, ``rber_d`` + ln x for
-  the ``luo`` form; RBER stays capped at 0.5), ``lse_rate`` and ``silent_rate``.
-
-A model class of one's own can take part by defining ``scaled_by(x) -> FaultModel``.
+The wrapped model is an ordinary :class:`FaultModel` (``model = "accelerated"``, with
+``ber_multiplier`` and ``base`` parameters), so sampling, importance sampling and
+:func:`rkv.faults.reliability.predict` all see the same accelerated rates.
 """
 
 from __future__ import annotations
@@ -25,16 +23,15 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from .base import FaultModel
-from .cxl import CxlModel
-from .dram import DramModel
+from ._checks import split_params
+from .base import EventClass, FaultModel, binomial_class, poisson_class
 from .errors import FaultModelError
-from .nand import NandModel
 from .rawber import RawBerModel
 
-__all__ = ["accelerate", "check_multiplier"]
+__all__ = ["AcceleratedModel", "accelerate", "check_multiplier"]
 
 
 def check_multiplier(x: Any) -> float:
@@ -47,43 +44,72 @@ def check_multiplier(x: Any) -> float:
     return v
 
 
-def _scale(m: FaultModel, x: float) -> FaultModel:
-    replace: Any = dataclasses.replace
-    if isinstance(m, RawBerModel):
-        return replace(m, ber=m.ber * x)  # type: ignore[no-any-return]
-    if isinstance(m, DramModel):
-        return replace(m, fit_multiplier=m.fit_multiplier * x)  # type: ignore[no-any-return]
-    if isinstance(m, CxlModel):
-        return replace(m, media_multiplier=m.media_multiplier * x,  # type: ignore[no-any-return]
-                       controller_fit=m.controller_fit * x, link_ber=m.link_ber * x)
-    if isinstance(m, NandModel):
-        rber = ({"rber_fresh": m.rber_fresh * x} if m.rber_form == "power"
-                else {"rber_d": m.rber_d + math.log(x)})
-        return replace(m, lse_rate=m.lse_rate * x,  # type: ignore[no-any-return]
-                       silent_rate=m.silent_rate * x, **rber)
-    hook = getattr(m, "scaled_by", None)
-    if callable(hook):
-        got = hook(x)
-        if not isinstance(got, FaultModel):
-            raise FaultModelError(f"{type(m).__name__}.scaled_by must return a FaultModel")
-        return got
-    raise FaultModelError(f"fault model {m.name!r} has no rate multiplier (define "
-                          "scaled_by(x) on its class)")
+@dataclass(frozen=True)
+class AcceleratedModel(FaultModel):
+    """``base`` with every event class ``ber_multiplier`` times as frequent."""
+
+    name: ClassVar[str] = "accelerated"
+
+    base: FaultModel = field(default_factory=RawBerModel)
+    ber_multiplier: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, FaultModel):
+            raise FaultModelError(f"accelerated.base must be a fault model, got {self.base!r}")
+        object.__setattr__(self, "ber_multiplier", check_multiplier(self.ber_multiplier))
+
+    def params(self) -> dict[str, Any]:
+        return {"model": self.name, "ber_multiplier": self.ber_multiplier,
+                "base": self.base.params()}
+
+    @classmethod
+    def from_params(cls, d: Mapping[str, Any]) -> AcceleratedModel:
+        from .registry import get_model
+
+        kw = split_params(d, cls.name, ("base", "ber_multiplier"))
+        if "base" not in kw:
+            raise FaultModelError("accelerated model: 'base' (the model to accelerate) is "
+                                  "missing")
+        return cls(get_model(kw["base"]), kw.get("ber_multiplier", 1.0))
+
+    def _scaled(self, c: EventClass) -> EventClass:
+        x = self.ber_multiplier
+        what = c.rate.label or c.rate.kind
+        if c.realize is None or c.law is None:
+            raise FaultModelError(f"{self.base.name}: event class {what!r} has no count law "
+                                  "to scale (e.g. nand overdispersion > 0)")
+        if c.law == "poisson":
+            return poisson_class(dataclasses.replace(c.rate, mean=c.mu * x), c.realize)
+        p = c.p * x
+        if p > 1.0:
+            raise FaultModelError(f"event class {what!r}: per-unit probability {c.p:.3g} "
+                                  f"times {x:g} exceeds 1")
+        return binomial_class(dataclasses.replace(c.rate, mean=c.units * p), c.units, p,
+                              c.realize)
+
+    def _build_classes(self, nbytes: int, hours: float) -> list[EventClass]:
+        return [self._scaled(c) for c in self.base.event_classes(nbytes, hours)]
+
+    def _bit_probs(self, hours: float) -> tuple[float, float]:
+        """First order in the base model's probabilities (exact while they are small)."""
+        pu, pf = self.base._bit_probs(hours)
+        x = self.ber_multiplier
+        return min(1.0, x * pu), min(1.0, x * pf)
 
 
 def accelerate(model: FaultModel | str | Mapping[str, Any], ber_multiplier: Any = 1.0
                ) -> FaultModel:
-    """``model`` (a model or a ``get_model`` spec) with its raw fault rates multiplied by
-    ``ber_multiplier``; the model itself when the multiplier is 1. A multiplier that is not
-    a finite number > 0, or that takes a probability past its bound, is a
-    :class:`FaultModelError`."""
+    """``model`` (a model or a ``get_model`` spec) with every fault event class
+    ``ber_multiplier`` times as frequent (:class:`AcceleratedModel`; multipliers of an
+    accelerated model multiply); the model itself when the multiplier is 1. A multiplier
+    that is not a finite number > 0 is a :class:`FaultModelError`, and so is one that takes
+    a per-unit probability past 1 (when the model's classes are built)."""
     from .registry import get_model
 
     m = get_model(model)
     x = check_multiplier(ber_multiplier)
     if x == 1.0:
         return m
-    try:
-        return _scale(m, x)
-    except FaultModelError as exc:
-        raise FaultModelError(f"ber_multiplier {x:g} on {m.name!r}: {exc}") from None
+    if isinstance(m, AcceleratedModel):
+        return AcceleratedModel(m.base, m.ber_multiplier * x)
+    return AcceleratedModel(m, x)

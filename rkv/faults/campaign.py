@@ -130,7 +130,12 @@ class CampaignConfig:
         except faultmodels.FaultModelError as exc:
             raise ConfigError(f"campaign {exc}") from exc
         self.tier_config()  # validates the protection's codec spec
-        self.model()        # validates the fault model
+        model = self.model()        # validates the fault model
+        if self.ber_multiplier != 1:
+            try:            # an accelerated class past probability 1 says so now
+                model.events(self.data_bytes, self.hours)
+            except faultmodels.FaultModelError as exc:
+                raise ConfigError(f"campaign ber_multiplier: {exc}") from exc
 
     # -- derived --------------------------------------------------------------------------
     def tier_config(self) -> TierConfig:

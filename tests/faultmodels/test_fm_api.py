@@ -38,7 +38,7 @@ INFLATED: dict[str, dict[str, Any]] = {
 
 def test_list_presets_and_models() -> None:
     assert fm.list_presets() == PRESETS
-    assert fm.model_names() == ["cxl", "dram", "nand", "raw-ber"]
+    assert fm.model_names() == ["accelerated", "cxl", "dram", "nand", "raw-ber"]
     kinds = {"cxl": fm.CxlModel, "dram-ddr4": fm.DramModel, "dram-ddr5": fm.DramModel,
              "dram-ddr4-low": fm.DramModel, "dram-ddr4-high": fm.DramModel,
              "nvme-tlc": fm.NandModel, "raw-ber": fm.RawBerModel}
