@@ -26,11 +26,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies import make_prefetch
 from policies.base import Item, PrefetchPolicy
 from rkv.adapters.moe_cache import DeviceCache, Key
+from rkv.adapters.moe_plan import ReplanReport, plan_new, replan
 from rkv.adapters.moe_store import (
     FULL,
     LOW,
@@ -55,7 +56,11 @@ from rkv.errors import (
     StoreError,
 )
 from rkv.moe.experts import ExpertWeights
+from rkv.placement.config import PlacementConfig
 from rkv.tiers import Tier
+
+if TYPE_CHECKING:
+    from rkv.moe.profile import ExpertProfile
 
 log = logging.getLogger("rkv.moe")
 
@@ -111,6 +116,8 @@ class RkvExperts:
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self._c: Counter[str] = Counter()
+        self._loads: Counter[Key] = Counter()     # exact loads from the tiers per expert
+        self._steps = 0                            # forward steps (calls for layer 0)
         self._tier_c: dict[str, Counter[str]] = {t: Counter() for t in tiers}
         self._errors_by_type: Counter[str] = Counter()
         self.recent_errors: deque[str] = deque(maxlen=32)
@@ -126,6 +133,8 @@ class RkvExperts:
                ecc: Mapping[str, str] | None = None, low_bit_copy: int | None = None,
                backup_tier: str | None = None,
                usage: Mapping[tuple[int, int], float] | None = None,
+               placement: PlacementConfig | Mapping[str, Any] | None = None,
+               profile: ExpertProfile | None = None, kl_budget: float | None = None,
                low_bit_on_miss: bool = False, repair: bool = True) -> RkvExperts:
         """Write every expert of ``experts[layer][id]`` once as rkv records under ``path``
         (a new directory), then :meth:`open` it with the cache options given here.
@@ -134,12 +143,24 @@ class RkvExperts:
         (missing: 16). ``ecc``: codec spec per tier name, overriding the tiers' own.
         ``low_bit_copy``: 4 or 8 keeps a ``rowq`` copy of every expert in the first tier.
         ``backup_tier``: a second copy of every expert not placed there. ``usage``: expected
-        use per ``(layer, id)``; the most used are placed highest. ``TierFullError`` when the
-        tiers cannot hold it all, ``StoreError`` when ``path`` already holds a store."""
+        use per ``(layer, id)``; the most used are placed highest. ``placement`` (a
+        ``[placement]`` table or :class:`PlacementConfig`): plan each expert's tier, bits and
+        code instead (:mod:`rkv.adapters.moe_plan`; ``usage`` as loads per token, bits from
+        ``profile``, an :class:`~rkv.moe.profile.ExpertProfile`, within ``kl_budget``;
+        ``bits`` is then unused). ``TierFullError`` when the tiers cannot hold it all,
+        ``InfeasiblePlanError`` when no plan meets the targets, ``StoreError`` when
+        ``path`` already holds a store."""
         root = Path(path)
         fp = model_fingerprint(fingerprint)
-        write_store(root, experts, fp, tier_configs(tiers, ecc), bits=bits,
-                    low_bit_copy=low_bit_copy, backup_tier=backup_tier, usage=usage)
+        cfgs = tier_configs(tiers, ecc)
+        plan = None if placement is None else plan_new(
+            experts, cfgs, placement=placement, profile=profile, usage=usage,
+            low_bit_copy=low_bit_copy, backup_tier=backup_tier, kl_budget=kl_budget)
+        write_store(root, experts, fp, cfgs, bits=bits, low_bit_copy=low_bit_copy,
+                    backup_tier=backup_tier, usage=usage,
+                    plan=None if plan is None else plan.assignments(),
+                    extra=None if plan is None else {"plan": {
+                        k: v for k, v in plan.to_dict().items() if k != "choices"}})
         return cls.open(root, fingerprint=fp, device_budget_bytes=device_budget_bytes,
                         eviction=eviction, per_layer=per_layer, admission=admission,
                         prefetch=prefetch, prefetch_mode=prefetch_mode, lookahead=lookahead,
@@ -221,6 +242,7 @@ class RkvExperts:
         want = self._check(layer, ids)
         out: dict[int, ExpertWeights] = {}
         with self._lock:
+            self._steps += layer == 0
             self._now += 1
             now = self._now
             misses: list[tuple[int, Future[ExpertWeights | None] | None]] = []
@@ -338,8 +360,8 @@ class RkvExperts:
               heal: bool = False) -> ExpertWeights:
         info = self.infos[layer][expert]
         t0 = time.perf_counter()
-        codec = (pipeline_for(info.bits, self._ecc(info.tier)).for_block(info.shape, info.dtype)
-                 .codec if heal else None)
+        codec = (pipeline_for(info.bits, info.ecc).for_block(info.shape, info.dtype).codec
+                 if heal else None)
         with self.tiers[tier].reader() as r:
             v = read_expert(r, self.fingerprint, layer, expert, info, variant,
                             repair=self.repair, heal_codec=codec, heal=heal)
@@ -348,6 +370,8 @@ class RkvExperts:
             self._c["loads"] += 1
             self._tier_c[tier]["reads"] += 1
             self._tier_c[tier]["bytes_read"] += v.record_bytes
+            if variant == FULL:
+                self._loads[(layer, expert)] += 1
             if v.corrected:
                 self._c["corrected"] += 1
         key = tier_key(self.fingerprint, layer, expert, variant)
@@ -356,9 +380,6 @@ class RkvExperts:
         if v.heal is not None and self.repair:
             self._write(info.tier, key, v.heal, "restore a record from its copy")
         return v.weights
-
-    def _ecc(self, tier: str) -> str:
-        return next(t.ecc for t in self.tier_configs if t.name == tier)
 
     def _load_exact(self, layer: int, expert: int) -> ExpertWeights:
         info = self.infos[layer][expert]
@@ -369,6 +390,8 @@ class RkvExperts:
             try:
                 w = self._read(tier, layer, expert, FULL, heal=heal)
             except IntegrityError as exc:
+                if self.infos[layer][expert] is not info:     # moved by replan meanwhile
+                    return self._load_exact(layer, expert)
                 errors.append((tier, exc))
                 self._fault(layer, expert, tier, exc)
                 continue
@@ -424,6 +447,17 @@ class RkvExperts:
                           "budget": self.cache.budget, "evictions": self.cache.evictions,
                           "refused": self.cache.refused},
             }
+
+    def usage(self) -> tuple[dict[Key, float], int]:
+        """(tier loads per forward step of each expert loaded since open, steps)."""
+        with self._lock:
+            n = max(self._steps, 1)
+            return {k: v / n for k, v in self._loads.items()}, self._steps
+
+    def replan(self, placement: PlacementConfig | Mapping[str, Any] | None = None,
+               profile: ExpertProfile | None = None, **kw: Any) -> ReplanReport:
+        """Re-place the experts from :meth:`usage` (:func:`rkv.adapters.moe_plan.replan`)."""
+        return replan(self, placement, profile, **kw)
 
     def settle(self) -> None:
         """Wait for the background prefetches queued so far."""

@@ -93,6 +93,7 @@ class ExpertInfo:
     record_bytes: int
     backup: str | None = None     # a tier holding a second copy
     low_bytes: int = 0            # the low-bit copy's record (in the first tier), 0: none
+    ecc: str = ""                 # the record's code ("": its tier's, as stores before 0.2)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -202,11 +203,13 @@ def _copy(record: Any) -> bytes:
 # -- placement -----------------------------------------------------------------------------
 def place(infos: Mapping[tuple[int, int], Any], tiers: Sequence[TierConfig],
           usage: Mapping[tuple[int, int], float] | None, backup: str | None,
-          sizes: Mapping[tuple[str, tuple[int, int]], int], low: Mapping[tuple[int, int], int]
+          sizes: Mapping[tuple[str, tuple[int, int]], int], low: Mapping[tuple[int, int], int],
+          fixed: Mapping[tuple[int, int], str] | None = None
           ) -> dict[tuple[int, int], tuple[str, str | None]]:
     """(primary tier, backup tier) per expert: the most used experts (``usage``, default
     layer then id order) in the first tier with room, after the low-bit copies (first tier)
-    and every backup copy (``backup`` tier) are reserved. ``TierFullError`` when it cannot."""
+    and every backup copy (``backup`` tier) are reserved; ``fixed``: the planned tier of
+    every expert instead (only checked). ``TierFullError`` when it cannot."""
     free = {t.name: t.capacity_bytes for t in tiers}
     first = tiers[0].name
     free[first] -= sum(low.values())
@@ -216,7 +219,7 @@ def place(infos: Mapping[tuple[int, int], Any], tiers: Sequence[TierConfig],
     order = sorted(infos, key=lambda k: (-(usage or {}).get(k, 0.0), k))
     out: dict[tuple[int, int], tuple[str, str | None]] = {}
     for k in order:
-        for t in tiers:
+        for t in tiers if fixed is None else [t for t in tiers if t.name == fixed[k]]:
             need = sizes[(t.name, k)]
             extra = sizes[(backup, k)] if backup is not None and backup != t.name else 0
             if need <= free[t.name] and (backup is None or extra <= free[backup]
@@ -260,7 +263,14 @@ def read_manifest(root: Path) -> dict[str, Any]:
 
 
 def infos_from(body: dict[str, Any]) -> list[list[ExpertInfo]]:
-    return [[ExpertInfo(**e) for e in layer] for layer in body["layers"]]
+    """The manifest's experts, each with its record's code filled in (a manifest written
+    before per-expert codes names none: the tier's). ``CorruptStoreError`` if malformed."""
+    try:
+        ecc = {t["name"]: t["ecc"] for t in body["tiers"]}
+        out = [[ExpertInfo(**e) for e in layer] for layer in body["layers"]]
+        return [[i if i.ecc else replace(i, ecc=ecc[i.tier]) for i in layer] for layer in out]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStoreError(f"expert manifest is malformed: {exc!r}") from exc
 
 
 # -- tiers and the store ---------------------------------------------------------------------
@@ -297,8 +307,12 @@ def tier_configs(tiers: Sequence[TierConfig] | None, ecc: Mapping[str, str] | No
 def write_store(root: Path, experts: Sequence[Sequence[ExpertWeights]], fp: bytes,
                 cfgs: Sequence[TierConfig], *, bits: int | Mapping[tuple[int, int], int],
                 low_bit_copy: int | None, backup_tier: str | None,
-                usage: Mapping[tuple[int, int], float] | None) -> None:
-    """Place and write every expert's records, then the manifest (``RkvExperts.create``)."""
+                usage: Mapping[tuple[int, int], float] | None,
+                plan: Mapping[tuple[int, int], tuple[str, int, str]] | None = None,
+                extra: Mapping[str, Any] | None = None) -> None:
+    """Place and write every expert's records, then the manifest (``RkvExperts.create``).
+    ``plan``: ``(tier, bits, code)`` per expert (:mod:`rkv.placement.experts`), replacing
+    ``bits``, the tiers' codes and placement by ``usage``; ``extra``: kept in the manifest."""
     names = [t.name for t in cfgs]
     if backup_tier is not None and backup_tier not in names:
         raise ConfigError(f"backup_tier {backup_tier!r} is not a tier ({names})")
@@ -311,29 +325,38 @@ def write_store(root: Path, experts: Sequence[Sequence[ExpertWeights]], fp: byte
     meta: dict[tuple[int, int], dict[str, Any]] = {}
     sizes: dict[tuple[str, tuple[int, int]], int] = {}
     low: dict[tuple[int, int], int] = {}
+    ecc_of = {t.name: t.ecc for t in cfgs}
+    if plan is not None:
+        want = {(li, ei) for li, layer in enumerate(experts) for ei in range(len(layer))}
+        if set(plan) != want or any(t not in ecc_of for t, _, _ in plan.values()):
+            raise ConfigError("the plan must give every expert, and only them, a known tier")
     for li, layer in enumerate(experts):
         for ei, w in enumerate(layer):
             k = (li, ei)
-            b = bits if isinstance(bits, int) else int(bits.get(k, 16))
+            b = (plan[k][1] if plan is not None else
+                 bits if isinstance(bits, int) else int(bits.get(k, 16)))
             shape = tuple(pack(w).shape)           # validates the matrices
             dt = dtype_of(w)
             for t in cfgs:
-                p = pipeline_for(b, t.ecc).for_block(shape, dt)
+                code = plan[k][2] if plan is not None and plan[k][0] == t.name else t.ecc
+                p = pipeline_for(b, code).for_block(shape, dt)
                 sizes[(t.name, k)] = p.record_bytes(shape, dt)
             if low_bit_copy is not None:
                 p = pipeline_for(low_bit_copy, cfgs[0].ecc).for_block(shape, dt)
                 low[k] = p.record_bytes(shape, dt)
             meta[k] = {"n": int(w.gate.shape[0]), "d": int(w.gate.shape[1]), "dtype": dt,
                        "bits": b, "nbytes": w.nbytes}
-    where = place(meta, cfgs, usage, backup_tier, sizes, low)
+    fixed = None if plan is None else {k: v[0] for k, v in plan.items()}
+    where = place(meta, cfgs, usage, backup_tier, sizes, low, fixed)
     root.mkdir(parents=True, exist_ok=True)
     opened = open_tiers(root, cfgs, readonly=False)
-    ecc_of = {t.name: t.ecc for t in cfgs}
     jobs: dict[str, list[tuple[bytes, Callable[[], Any]]]] = {n: [] for n in names}
 
     def job(k: tuple[int, int], tier: str, b: int, variant: int) -> None:
         w = experts[k[0]][k[1]]
-        pipe = pipeline_for(b, ecc_of[tier])
+        code = plan[k][2] if plan is not None and variant == FULL and tier == plan[k][0] \
+            else ecc_of[tier]
+        pipe = pipeline_for(b, code)
         jobs[tier].append((tier_key(fp, k[0], k[1], variant), lambda: encode_expert(
             fp, k[0], k[1], pack(w), dtype_of(w), pipe, variant)))
         if len(jobs[tier]) >= _BATCH:
@@ -344,7 +367,8 @@ def write_store(root: Path, experts: Sequence[Sequence[ExpertWeights]], fp: byte
         for k, m in meta.items():
             primary, backup = where[k]
             m.update(tier=primary, backup=backup, record_bytes=sizes[(primary, k)],
-                     low_bytes=low.get(k, 0))
+                     low_bytes=low.get(k, 0),
+                     ecc=plan[k][2] if plan is not None else ecc_of[primary])
             job(k, primary, int(m["bits"]), FULL)
             if backup is not None:
                 job(k, backup, int(m["bits"]), FULL)
@@ -358,6 +382,6 @@ def write_store(root: Path, experts: Sequence[Sequence[ExpertWeights]], fp: byte
             tier.close()
     write_manifest(root, {
         "format": FORMAT, "fingerprint": fp.hex(), "low_bit_copy": low_bit_copy,
-        "tiers": [t.to_dict() for t in cfgs],
+        "tiers": [t.to_dict() for t in cfgs], **(extra or {}),
         "layers": [[meta[(li, ei)] for ei in range(len(layer))]
                    for li, layer in enumerate(experts)]})
