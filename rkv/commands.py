@@ -11,6 +11,7 @@ COMMANDS: list[str] = [
     "rkv.placement.cli:register",
     "rkv.moe.cli:add_moe_parser",
     "rkv.sweep.report_cli:register",
+    "rkv.sweep.cli:register",
 ]
 
 

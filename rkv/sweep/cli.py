@@ -1,0 +1,73 @@
+"""``rkv sweep FILE``: run a quality-versus-reliability sweep (resumable), then write its
+report and print a short summary. See docs/sweeps.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rkv.sweep.executors import EXECUTORS
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "sweep", help="a quality-versus-reliability sweep over tiers, fault rates, bits and "
+                      "codes; resumable, on a process pool or Ray: docs/sweeps.md",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("file", nargs="?", default="default",
+                   help="sweep file (TOML), or 'default' for the shipped default sweep")
+    p.add_argument("--results", default=None,
+                   help="results file (JSON Lines; default: the sweep's [sweep] results, "
+                        "else sweep-results/NAME/results.jsonl)")
+    p.add_argument("--executor", choices=EXECUTORS, default="process")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: the CPUs this process may use)")
+    p.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster ('auto' or ray://host:10001) instead of "
+                        "starting a local Ray")
+    p.add_argument("--report-dir", default=None,
+                   help="where the report goes (default: next to the results, report/)")
+    p.add_argument("--no-report", action="store_true", help="run the cells only")
+    p.add_argument("--list", action="store_true",
+                   help="list the cells (done or to run) and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rkv.sweep.results import ResultsFile
+    from rkv.sweep.run import check_failures, run_sweep
+    from rkv.sweep.spec import describe, load_sweep
+
+    sweep = load_sweep(args.file)
+    results = Path(args.results) if args.results else sweep.results
+    if args.list:
+        done = ResultsFile(results, repair=False)
+        for key, cell in zip(sweep.cell_keys(), sweep.cells, strict=True):
+            print(f"{key}  {'done' if key in done else 'todo'}  {describe(cell)}")
+        return 0
+    done_before = ResultsFile(results, repair=False)
+    todo = sum(1 for k in sweep.cell_keys() if k not in done_before)
+    print(f"sweep {sweep.name}: {len(sweep.cells)} cells, {len(sweep.cells) - todo} already "
+          f"in {results}, {todo} to run ({args.executor})", file=sys.stderr)
+    run = run_sweep(sweep, executor=args.executor, workers=args.workers,
+                    ray_address=args.ray_address, results=results, progress=not args.quiet)
+    if run.torn:
+        print(f"{results}: dropped a torn last line (a killed run); its cell ran again",
+              file=sys.stderr)
+    if run.ran:
+        print(f"ran {len(run.ran)} cells in {run.wall_s:.1f} s on {run.executor} "
+              f"({run.workers} worker(s)); results: {results}", file=sys.stderr)
+    if not args.no_report and run.rows:
+        from rkv.sweep.report import summary, write_report
+
+        out_dir = Path(args.report_dir) if args.report_dir else results.parent / "report"
+        rep = write_report(run.rows, out_dir)
+        print(summary(run.rows))
+        print(f"\nreport: {rep.markdown}")
+        for fig in rep.figures:
+            print(f"figure: {fig}")
+    check_failures(run)
+    return 0
