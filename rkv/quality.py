@@ -128,28 +128,16 @@ def text_windows(tokenizer: Any, n_windows: int = 4, length: int = 576, *,
 KVTransform = Callable[[np.ndarray, list[int]], tuple[np.ndarray | None, dict[str, int]]]
 
 
-def _kv_spec(kv: np.ndarray) -> Any:
-    from rkv.model import ModelSpec
-
-    return ModelSpec("quality/kv", n_layers=kv.shape[0], n_kv_heads=kv.shape[3],
-                     head_dim=kv.shape[4], dtype=kv.dtype.name)
-
-
-def _window_rng(seed: int, tokens: list[int]) -> np.random.Generator:
-    """The fault generator of one window: seeded by ``seed`` and the window's tokens, so
-    windows get independent faults and a rerun gets the same ones."""
-    digest = zlib.crc32(np.asarray(tokens, dtype=np.uint32).tobytes())
-    return np.random.default_rng([seed, digest])
-
-
 def _round_trip(kv: np.ndarray, tokens: list[int], *, quant: str, ecc: str, raw: bool,
                 fault_model: Any, hours: float, ber_multiplier: float, seed: int,
                 chunk_tokens: int) -> tuple[np.ndarray | None, dict[str, int]]:
     """Store ``kv`` in a :class:`~rkv.faults.harness.Harness`, inject the (accelerated)
-    model's faults into every record, read back the usable prefix (None if empty)."""
-    from rkv.faults.harness import Harness
+    model's faults into every record, read back the usable prefix (None if empty). Faults
+    are seeded by ``seed`` and the window's tokens: independent across windows, the same on
+    a rerun."""
+    from rkv.faults.harness import Harness, kv_spec
 
-    spec = _kv_spec(kv)
+    spec = kv_spec(kv, "quality/kv")
     with Harness.temporary(quant=quant, ecc=ecc, chunk_tokens=chunk_tokens, raw=raw,
                            seed=seed) as h:
         h.put(tokens, kv, spec)
@@ -158,7 +146,8 @@ def _round_trip(kv: np.ndarray, tokens: list[int], *, quant: str, ecc: str, raw:
             import faultmodels
 
             model = faultmodels.accelerate(faultmodels.get_model(fault_model), ber_multiplier)
-            for inj in h.inject_model(model, hours, _window_rng(seed, tokens)):
+            digest = zlib.crc32(np.asarray(tokens, dtype=np.uint32).tobytes())
+            for inj in h.inject_model(model, hours, np.random.default_rng([seed, digest])):
                 flips += int(inj.flips.size)
                 erasures += len(inj.erasures)
         got = h.read(tokens, spec)
@@ -397,26 +386,33 @@ def _recompute(model: Any, x: Any, kv: np.ndarray, kv2: np.ndarray | None, pre: 
 
 
 def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None, *,
-             label: str = "", prefix: int = 512) -> Quality:
+             label: str = "", prefix: int = 512, attention: bool = True) -> Quality:
     """Score the ``windows[i][prefix:]`` tokens from a cache of ``windows[i][:prefix]`` that
     went through ``transform`` (None: the untouched cache, the reference). A transform that
     returns fewer tokens than the prefix (a DUE ended the verified prefix) has the rest
-    recomputed from them, as the engine's caller would."""
+    recomputed from them, as the engine's caller would. ``attention=False`` skips the
+    attention error (nan), the slowest part on a CPU."""
+    return evaluate_many(model, windows, [(label or "reference", transform)], prefix=prefix,
+                         attention=attention)[0]
+
+
+def evaluate_many(model: Any, windows: list[list[int]],
+                  settings: Sequence[tuple[str, KVTransform | None]], *, prefix: int = 512,
+                  attention: bool = True) -> list[Quality]:
+    """:func:`evaluate` for several ``(label, transform)`` settings on the same windows,
+    sharing each window's prefill and reference pass (the bulk of the time): one
+    :class:`Quality` per setting, in order, each paired with the same reference."""
     import torch
 
     from rkv.adapters.hf import cache_from_kv, kv_from_cache
 
-    nll = kl_sum = 0.0
-    agree = scored = recomputed = recomputed_tokens = 0
-    snrs: list[float] = []
-    attn: list[float] = []
-    report: dict[str, int] = {}
-    per_window: list[dict[str, float]] = []
+    accs: list[dict[str, Any]] = [{"report": {}, "snr": [], "attn": [], "windows": []}
+                                  for _ in settings]
     for ids in windows:
         if len(ids) <= prefix + 1:
             raise InputError(f"windows must be longer than prefix + 1 = {prefix + 1} tokens")
         x = torch.tensor([ids])
-        redone = 0
+        target = x[0, prefix:]
         with torch.no_grad():
             pre = model(x[:, :prefix], use_cache=True)
             kv = kv_from_cache(pre.past_key_values)
@@ -427,43 +423,53 @@ def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None
             finally:
                 unhook()
             ref_logits = torch.cat([pre.logits[:, -1:], ref.logits[:, :-1]], dim=1)[0]
-            if transform is None:
-                test_logits = ref_logits
-                snrs.append(math.inf)
-            else:
-                kv2, rep = transform(kv, ids[:prefix])
-                for k, v in rep.items():
-                    report[k] = report.get(k, 0) + v
-                last = pre.logits[:, -1:]   # a full hit: the prefill's own last logits
-                if kv2 is None or kv2.shape[2] < prefix:
-                    redone = prefix - (0 if kv2 is None else kv2.shape[2])
-                    recomputed += 1
-                    kv2, last = _recompute(model, x, kv, kv2, pre, prefix)
-                snrs.append(snr_db(kv, kv2))
-                attn.append(mean_attention_error(model, queries, kv, kv2, prefix))
-                out = model(x[:, prefix:], cache=cache_from_kv(kv2, model.config),
-                            use_cache=True)
-                test_logits = torch.cat([last, out.logits[:, :-1]], dim=1)[0]
-        target = x[0, prefix:]
-        ref_lp = torch.log_softmax(ref_logits.double(), dim=-1)
-        test_lp = torch.log_softmax(test_logits.double(), dim=-1)
-        w_nll = -float(test_lp.gather(1, target[:, None]).sum())
-        w_ref = -float(ref_lp.gather(1, target[:, None]).sum())
-        w_kl = float((ref_lp.exp() * (ref_lp - test_lp)).sum())
-        w_agree = int((ref_lp.argmax(-1) == test_lp.argmax(-1)).sum())
-        n = target.numel()
-        nll += w_nll
-        kl_sum += w_kl
-        agree += w_agree
-        scored += n
-        recomputed_tokens += redone
-        per_window.append({"perplexity": _exp(w_nll / n), "ref_perplexity": _exp(w_ref / n),
-                           "kl": w_kl / n, "top1": w_agree / n, "recomputed_tokens": redone})
-    finite = [s for s in snrs if not math.isnan(s)]
-    return Quality(label or "reference", _exp(nll / scored), kl_sum / scored, agree / scored,
-                   len(windows), recomputed, min(finite) if finite else math.nan, report,
-                   float(np.mean(attn)) if attn else 0.0, tuple(per_window),
-                   recomputed_tokens)
+            ref_lp = torch.log_softmax(ref_logits.double(), dim=-1)
+            w_ref = -float(ref_lp.gather(1, target[:, None]).sum())
+            for (_, transform), acc in zip(settings, accs, strict=True):
+                redone = 0
+                if transform is None:
+                    test_lp = ref_lp
+                    acc["snr"].append(math.inf)
+                else:
+                    kv2, rep = transform(kv, ids[:prefix])
+                    for k, v in rep.items():
+                        acc["report"][k] = acc["report"].get(k, 0) + v
+                    last = pre.logits[:, -1:]   # a full hit: the prefill's own last logits
+                    if kv2 is None or kv2.shape[2] < prefix:
+                        redone = prefix - (0 if kv2 is None else kv2.shape[2])
+                        kv2, last = _recompute(model, x, kv, kv2, pre, prefix)
+                    acc["snr"].append(snr_db(kv, kv2))
+                    if attention:
+                        acc["attn"].append(mean_attention_error(model, queries, kv, kv2,
+                                                                prefix))
+                    out = model(x[:, prefix:], cache=cache_from_kv(kv2, model.config),
+                                use_cache=True)
+                    test_lp = torch.log_softmax(
+                        torch.cat([last, out.logits[:, :-1]], dim=1)[0].double(), dim=-1)
+                n = target.numel()
+                w_nll = -float(test_lp.gather(1, target[:, None]).sum())
+                acc["windows"].append({
+                    "perplexity": _exp(w_nll / n), "ref_perplexity": _exp(w_ref / n),
+                    "kl": float((ref_lp.exp() * (ref_lp - test_lp)).sum()) / n,
+                    "top1": int((ref_lp.argmax(-1) == test_lp.argmax(-1)).sum()) / n,
+                    "recomputed_tokens": redone, "nll": w_nll, "tokens": n})
+    return [_summary(label, t is None, attention, acc)
+            for (label, t), acc in zip(settings, accs, strict=True)]
+
+
+def _summary(label: str, reference: bool, attention: bool, acc: dict[str, Any]) -> Quality:
+    """One setting's pooled figures from its windows (token-weighted, as one long text)."""
+    w = acc["windows"]
+    scored = sum(x["tokens"] for x in w)
+    finite = [v for v in acc["snr"] if not math.isnan(v)]
+    attn = float(np.mean(acc["attn"])) if acc["attn"] else (
+        0.0 if reference or attention else math.nan)
+    return Quality(label, _exp(sum(x["nll"] for x in w) / scored),
+                   sum(x["kl"] * x["tokens"] for x in w) / scored,
+                   sum(x["top1"] * x["tokens"] for x in w) / scored, len(w),
+                   sum(1 for x in w if x["recomputed_tokens"]),
+                   min(finite) if finite else math.nan, acc["report"], attn, tuple(w),
+                   sum(x["recomputed_tokens"] for x in w))
 
 
 def _exp(x: float) -> float:
@@ -485,7 +491,7 @@ def format_table(rows: list[Quality]) -> str:
     lines = [head, "-" * len(head)]
     for q in rows:
         ci = q.ci()
-        blocks = ", ".join(f"{k}={v}" for k, v in sorted(q.report.items()))
+        blocks = ", ".join(f"{k}={v}" for k, v in sorted(q.report.items()) if v)
         redo = f"{q.recomputed_tokens} tok" if q.recomputed_tokens else "0"
         lines.append(f"{q.label:<40} {q.perplexity:>10.3f} "
                      f"{_pm(ci.get('delta_perplexity'), '.3f'):>19} "

@@ -176,12 +176,12 @@ def test_round_trip_returns_the_verified_prefix_and_counts_it(monkeypatch: Any) 
     DUE blocks and tokens to recompute to its stats."""
     tokens = list(range(64))
     kv = _kv(64, 1)
-    from rkv.quality import _kv_spec
+    from rkv.faults.harness import kv_spec
 
     real = Harness.inject_model
 
     def lose_chunk_2(self: Harness, model: Any, hours: float, rng: Any) -> list[Any]:
-        _lose(self, self.keys(tokens, _kv_spec(kv))[2][1])
+        _lose(self, self.keys(tokens, kv_spec(kv, "quality/kv"))[2][1])
         return real(self, model, hours, rng)
 
     monkeypatch.setattr(Harness, "inject_model", lose_chunk_2)
@@ -278,6 +278,19 @@ def test_evaluate_counts_recomputed_tokens_and_stays_close(tiny: Any) -> None:
     assert abs(ci["delta_perplexity"].mean) < 1e-3
     ref = evaluate(tiny, windows, None, prefix=48)
     assert ref.recomputed_tokens == 0 and ref.ci()["kl"].mean == 0
+
+
+def test_evaluate_many_shares_the_reference_and_matches_evaluate(tiny: Any) -> None:
+    from rkv.quality import cast_to, evaluate, evaluate_many
+
+    windows = [list(np.random.default_rng(10 + i).integers(0, 97, 60)) for i in range(2)]
+    settings = [("ref", None), ("fp16", cast_to("float16")),
+                ("kivi2", RkvRoundTrip(quant="kivi(bits=2)", chunk_tokens=16))]
+    many = evaluate_many(tiny, windows, settings, prefix=48)
+    for (label, t), q in zip(settings, many, strict=True):
+        one = evaluate(tiny, windows, t, prefix=48, label=label)
+        assert q.label == label and q.row() == one.row()
+    assert many[0].kl == 0 and 0 < many[1].kl < many[2].kl
 
 
 # -- confidence intervals -------------------------------------------------------------------------

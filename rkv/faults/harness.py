@@ -38,12 +38,18 @@ from rkv.model import ModelSpec
 from rkv.tensors import numpy_dtype
 from rkv.tiers import LmdbTier, TierSpec
 
-__all__ = ["OUTCOMES", "Harness", "Readback"]
+__all__ = ["OUTCOMES", "Harness", "Readback", "kv_spec"]
 
 #: What one block's read can turn out to be (campaign outcomes).
 OUTCOMES = ("clean", "masked", "corrected", "degraded", "due", "sdc")
 #: Block statuses that end the verified prefix.
 LOST = ("uncorrectable", "missing")
+
+
+def kv_spec(kv: np.ndarray, name: str = "harness/kv") -> ModelSpec:
+    """The model spec of a KV array ``[layers, 2, tokens, kv_heads, head_dim]``."""
+    return ModelSpec(name, n_layers=kv.shape[0], n_kv_heads=kv.shape[3],
+                     head_dim=kv.shape[4], dtype=kv.dtype.name)
 
 
 @dataclass
