@@ -93,12 +93,16 @@ _MODEL: dict[int, tuple[Any, Any]] = {}
 def smollm2(threads: int) -> tuple[Any, Any]:
     """(model, tokenizer), loaded once per process (per thread count)."""
     if threads not in _MODEL:
+        import contextlib
+        import io
+
         import torch
 
         from rkv.quality import load_smollm2
 
         _MODEL.clear()
-        _MODEL[threads] = load_smollm2(threads=threads)
+        with contextlib.redirect_stderr(io.StringIO()):   # the GGUF loader's progress bar
+            _MODEL[threads] = load_smollm2(threads=threads)
         torch.set_num_threads(threads)
     return _MODEL[threads]
 
