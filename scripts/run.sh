@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Set up the environment, then run rkv's main job on the embedded default: a fault-injection
-# campaign through the real engine (NVMe tier, its fault model and protection), next to the
-# same campaign on raw storage. Extra arguments go to `rkv campaign` (see --help).
+# Set up the environment, then run rkv's main job: the default quality-versus-reliability
+# sweep (rkv/sweep/default.toml: the three default tiers with accelerated faults x bits
+# {16,8,4,2} x three protections; fault campaigns through the real read path, SmolLM2-135M
+# quality with its KV through rkv, and storage cost). A few minutes on 2 cores; resumable
+# (results in sweep-results/default/). It prints where the report and figures are and a
+# short summary. Extra arguments go to `rkv sweep` (see --help; docs/sweeps.md). The single
+# fault-injection campaign of earlier versions is `.venv/bin/rkv campaign`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-exec .venv/bin/rkv campaign "$@"
+exec .venv/bin/rkv sweep default "$@"

@@ -130,6 +130,20 @@ def test_resume_after_a_killed_sweep_runs_only_the_missing_cells(tmp_path: Path)
                for k in more.ran)
 
 
+def test_a_sweep_killed_on_the_process_pool_resumes(tmp_path: Path) -> None:
+    """Killed on the pool (its workers terminated, not drained), resumed serially: the
+    missing cells run and the rows are those of an uninterrupted serial sweep."""
+    sweep = cheap(tmp_path)
+    with pytest.raises(Killed):
+        run_sweep(sweep, executor="process", workers=2, progress=False, on_row=kill_after(3))
+    done = len(read_rows(sweep.results))
+    assert done == 3
+    resumed = run_sweep(sweep, executor="serial", progress=False)
+    assert len(resumed.ran) == len(sweep.cells) - 3 and resumed.skipped == 3
+    fresh = run_sweep(sweep, executor="serial", progress=False, results=tmp_path / "f.jsonl")
+    assert [comparable(r) for r in resumed.rows] == [comparable(r) for r in fresh.rows]
+
+
 def test_rows_carry_config_version_and_timings(tmp_path: Path) -> None:
     sweep = cheap(tmp_path, sweep={**CHEAP["sweep"], "seeds": [3]},
                   axes={**CHEAP["axes"], "bits": [4], "code": ["crc32c"]},

@@ -13,7 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from functools import partial
 from typing import Any
 
 from rkv.errors import ConfigError, RkvError
@@ -52,30 +52,33 @@ class Executor:
         self.close()
 
 
+def _indexed(fn: Callable[[Any], Any], pair: tuple[int, Any]) -> tuple[int, Any]:
+    return pair[0], fn(pair[1])
+
+
 class ProcessExecutor(Executor):
     """A pool of ``workers`` spawned processes (spawn: no state inherited from the parent's
-    threads); items are submitted one per task and yielded as they complete."""
+    threads); items go one per task and are yielded as they complete. Closed after an
+    error or an interrupt, the pool is terminated at once rather than drained."""
 
     name = "process"
 
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
-        self._pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+        self._pool = mp.get_context("spawn").Pool(workers)
+        self._clean = False
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
-        futs: dict[Future[Any], int] = {self._pool.submit(fn, item): i
-                                        for i, item in enumerate(items)}
-        try:
-            while futs:
-                done, _ = wait(futs, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    yield futs.pop(fut), fut.result()
-        finally:
-            for fut in futs:
-                fut.cancel()
+        yield from self._pool.imap_unordered(partial(_indexed, fn), enumerate(items),
+                                             chunksize=1)
+        self._clean = True
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._clean:
+            self._pool.close()
+        else:
+            self._pool.terminate()
+        self._pool.join()
 
 
 class RayExecutor(Executor):
