@@ -43,7 +43,8 @@ def row(tier: str = "nvme", bits: int = 4, code: str = "rs(255,223)", seed: int 
     qual = None if kl is None else {
         "windows": windows, "text": "topics,docs", "ppl": {"mean": 20.0, "lo": 19.0, "hi": 21.0},
         "ppl_ref": 20.0, "kl": {"mean": kl, "lo": kl * 0.8, "hi": kl * 1.2 + 1e-6},
-        "top1": {"mean": 0.95, "lo": 0.93, "hi": 0.97}, "due_blocks": 0, "recomputed_tokens": 0}
+        "top1": {"mean": 0.95, "lo": 0.93, "hi": 0.97}, "due_blocks": 0, "recomputed_tokens": 0,
+        "delta_ppl": {"mean": kl, "lo": -0.1, "hi": kl + 0.1}}
     return {"key": key, "sweep": "t", "config": config, "version": "0.1.0+gtest",
             "timings": {"total_s": 0.5},
             "reliability": {"blocks": 10, "trials": 10, "rates": rates,
@@ -145,6 +146,7 @@ def test_seeds_are_pooled_into_one_setting() -> None:
     assert math.isclose(s.sdc.lo, 1e-3 * lo)
     assert s.kl is not None and math.isclose(s.kl.mean, (0.01 * 12 + 0.02 * 36) / 48)
     assert s.kl.lo < s.kl.mean < s.kl.hi
+    assert s.delta_ppl is not None and math.isclose(s.delta_ppl.mean, s.kl.mean)
     front = pareto(rows)
     assert len({p["key"] for p in front}) == len(front)
     assert [p["seeds"] for p in front if p["config"]["code"] == "rs(255,223)"] == [[0, 1]]

@@ -47,7 +47,8 @@ def _setting_row(s: Setting, extra: Sequence[str], front: set[str]) -> list[str]
     return ([str(s.bits or "planned"), f"`{s.code}`"] + [_compact(s.config.get(k)) for k in extra]
             + [f"{len(s.seeds)}", fmt_num(s.overhead),
                f"{s.bytes_per_token:,.0f}" if s.bytes_per_token is not None else "–",
-               fmt_interval(s.kl), top1, fmt_interval(s.ppl), fmt_rate(s.sdc),
+               fmt_interval(s.kl), top1, fmt_interval(s.ppl), fmt_interval(s.delta_ppl),
+               fmt_rate(s.sdc),
                fmt_rate(s.due), fmt_num(s.p_due, 2), fmt_num(s.p_sdc, 2),
                "**yes**" if s.key in front else ""])
 
@@ -78,8 +79,10 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
         "How the numbers were made:", "",
         f"- Quality: {MODEL_NOTE}. KL is the mean KL divergence of its next-token "
         "distributions (nats per token) from those of its unmodified KV cache, top-1 the "
-        "same-top-token rate, perplexity on the scored tokens; each with a 95 % CI over the "
-        "text windows. Seeds of one setting are pooled (mean weighted by windows; the CI is "
+        "same-top-token rate, perplexity on the scored tokens (its CI spans the windows' "
+        "different texts; the paired change against the unmodified cache, Δ perplexity, is "
+        "the one to compare); each with a 95 % CI over the text windows. Seeds of one "
+        "setting are pooled (mean weighted by windows; the CI is "
         "not narrowed by the number of seeds, which score the same windows).",
         "- Reliability: per-block rates of SDC (silently wrong data returned) and DUE "
         "(detected, uncorrectable: the blocks are recomputed) through rkv's real read path, with "
@@ -130,8 +133,8 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
         group = sorted((s for s in sets if s.tier == tier),
                        key=lambda s: (-(s.bits or 0), s.code, s.overhead or 0.0))
         header = (["bits", "code", *extra, "seeds", "overhead", "bytes/token", "KL (nats)",
-                   "top-1", "perplexity", "P(SDC) seen", "P(DUE) seen", "P(DUE) analytic",
-                   "P(SDC) analytic", "Pareto"])
+                   "top-1", "perplexity", "Δ perplexity (paired)", "P(SDC) seen",
+                   "P(DUE) seen", "P(DUE) analytic", "P(SDC) analytic", "Pareto"])
         ref = next((s.ppl_ref for s in group if s.ppl_ref is not None), None)
         text += [f"### {_cell(tier)}", ""]
         if ref is not None:

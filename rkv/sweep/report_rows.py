@@ -127,6 +127,8 @@ def _check_quality(q: dict[str, Any]) -> None:
     _int(q.get("windows"), "quality.windows", 1)
     for k in ("ppl", "kl", "top1"):
         _interval(q.get(k), f"quality.{k}")
+    if q.get("delta_ppl") is not None:
+        _interval(q["delta_ppl"], "quality.delta_ppl")
     _num(q.get("ppl_ref"), "quality.ppl_ref", null=True)
     for k in ("due_blocks", "recomputed_tokens"):
         _int(q.get(k, 0), f"quality.{k}")
@@ -249,6 +251,7 @@ class Setting:
     ppl: Interval | None
     top1: Interval | None
     ppl_ref: float | None
+    delta_ppl: Interval | None      # paired perplexity change (rows that report it)
     windows: int
     recomputed_tokens: int
     overhead: float | None
@@ -360,13 +363,15 @@ def _setting(tier: str, text: str, grp: Sequence[Mapping[str, Any]]) -> Setting:
     c = {k: _mean([float(x[k]) for x in cost if x.get(k) is not None]) for k in
          ("overhead", "bytes_per_token", "raw_bytes_per_token", "put_gbps", "get_gbps")}
     refs = [float(x["ppl_ref"]) for x in qual if x.get("ppl_ref") is not None]
+    deltas = [(x["delta_ppl"], int(x["windows"])) for x in qual if x.get("delta_ppl")]
+    delta = _pool_interval(deltas) if deltas and len(deltas) == len(qual) else None
     return Setting(
         tier=tier, config=json.loads(text),
         key=hashlib.sha256(text.encode()).hexdigest()[:12],
         seeds=tuple(sorted({int(r["config"]["seed"]) for r in grp})), rows=len(grp),
         sdc=rates["sdc"], due=rates["due"],
         p_sdc=analytic.get("p_sdc"), p_due=analytic.get("p_due"),
-        kl=q["kl"], ppl=q["ppl"], top1=q["top1"], ppl_ref=_mean(refs),
+        kl=q["kl"], ppl=q["ppl"], top1=q["top1"], ppl_ref=_mean(refs), delta_ppl=delta,
         windows=sum(int(x["windows"]) for x in qual),
         recomputed_tokens=sum(int(x.get("recomputed_tokens", 0)) for x in qual),
         overhead=c["overhead"], bytes_per_token=c["bytes_per_token"],
