@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_sweep.py [--repeat 3] [--workers 2] [--trials 40]
 
 The sweep: raw-BER faults x {none, rs(255,239), bch(m=13,t=8)} x bits {16, 4} x 2 BERs
-x 2 seeds, reliability and cost (24 cells of about a second each: fault campaigns through
+x 2 seeds, reliability and cost (24 short cells: fault campaigns through
 the real read path, CPU-bound). Every run writes a fresh results file. Reported per
 executor, medians over ``--repeat`` runs:
 
@@ -37,7 +37,7 @@ def bench_sweep(trials: int) -> Any:
         "sweep": {"name": "bench", "metrics": ["reliability", "cost"], "seeds": [0, 1]},
         "axes": {"preset": ["raw-ber"], "bits": [16, 4],
                  "code": ["none", "rs(255,239)", "bch(m=13,t=8)"],
-                 "layout": [{"chunk_tokens": 64}]},
+                 "layout": [{"chunk_tokens": 256}]},
         "params": {"raw-ber": {"ber": [1e-5, 1e-4]}},
         "reliability": {"trials": trials, "blocks": 2, "sampling": "direct"},
         "cost": {"chunks": 2, "repeats": 2},

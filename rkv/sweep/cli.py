@@ -14,14 +14,15 @@ from rkv.sweep.executors import EXECUTORS
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "sweep", help="a quality-versus-reliability sweep over tiers, fault rates, bits and "
-                      "codes; resumable, on a process pool or Ray: docs/sweeps.md",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                      "codes; resumable, on a process pool or Ray: docs/sweeps.md")
     p.add_argument("file", nargs="?", default="default",
-                   help="sweep file (TOML), or 'default' for the shipped default sweep")
+                   help="sweep file (TOML), or 'default' (the default) for the shipped "
+                        "default sweep")
     p.add_argument("--results", default=None,
                    help="results file (JSON Lines; default: the sweep's [sweep] results, "
                         "else sweep-results/NAME/results.jsonl)")
-    p.add_argument("--executor", choices=EXECUTORS, default="process")
+    p.add_argument("--executor", choices=EXECUTORS, default="process",
+                   help="where cells run (default: process, a pool of worker processes)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: the CPUs this process may use)")
     p.add_argument("--ray-address", default=None,
