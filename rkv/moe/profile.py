@@ -324,3 +324,28 @@ def cached_profile(moe: MoEModel, windows: Sequence[Sequence[int]], cache_dir: s
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.save(path)
     return prof
+
+
+def shipped_path(experts: int, top_k: int) -> Path:
+    return Path(__file__).resolve().parent.parent / "profiles" / (
+        f"smollm2-135m-moe-e{experts}k{top_k}.json")
+
+
+def profile_for(moe: MoEModel, tokenizer: Any, cache_dir: str | Path | None = None,
+                log: Callable[[str], None] | None = None) -> ExpertProfile:
+    """The profile of this MoE model at its top-k: the shipped one when it is this model's
+    (same fingerprint), else cached or measured on 6 calibration windows of 256 tokens (a few
+    minutes on 2 cores)."""
+    from rkv.moe.fit import default_cache_dir
+    from rkv.moe.model import calibration_text
+
+    shipped = shipped_path(moe.n_experts, moe.top_k)
+    if shipped.exists():
+        prof = ExpertProfile.load(shipped)
+        if prof.model == moe.fingerprint and prof.top_k == moe.top_k:
+            return prof
+    if log:
+        log("measuring the expert quality profile (cached) ...")
+    windows = [w[:256] for w in calibration_text(tokenizer)[:6]]
+    return cached_profile(moe, windows, Path(cache_dir) if cache_dir else default_cache_dir(),
+                          log=log)

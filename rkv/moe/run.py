@@ -80,7 +80,7 @@ def store_fingerprint(model_fingerprint: str, dtype: str) -> str:
     return hashlib.sha256(f"{model_fingerprint}|{dtype}".encode()).hexdigest()
 
 
-def default_store(cache_dir: str | None, fingerprint: str, bits: int,
+def default_store(cache_dir: str | None, fingerprint: str, bits: int | str,
                   low_bit_copy: int | None) -> Path:
     from rkv.moe.fit import default_cache_dir
 
@@ -98,6 +98,8 @@ class StoreSpec:
     low_bit_copy: int | None = None
     tiers: tuple[Any, ...] | None = None          # TierConfig; None: the engine's defaults
     create: bool = True
+    placement: dict[str, Any] | None = None       # a [placement] table: plan every expert
+    profile: Any = None                           # () -> ExpertProfile, for a plan
 
 
 def open_store(spec: StoreSpec, experts: Callable[[], Sequence[Sequence[ExpertWeights]]],
@@ -114,7 +116,7 @@ def open_store(spec: StoreSpec, experts: Callable[[], Sequence[Sequence[ExpertWe
             raise StoreError(f"{spec.path} holds the experts of another model, E or dtype; "
                              "use another --store or delete it") from None
         bits = {i.bits for layer in p.infos for i in layer}
-        if bits != {spec.bits} or (spec.low_bit_copy is not None
+        if (not spec.placement and bits != {spec.bits}) or (spec.low_bit_copy is not None
                                    and p.low_bit_copy != spec.low_bit_copy):
             p.close()
             raise StoreError(f"{spec.path} holds experts at {sorted(bits)} bits with low-bit "
@@ -131,8 +133,11 @@ def open_store(spec: StoreSpec, experts: Callable[[], Sequence[Sequence[ExpertWe
         f"MiB, {spec.bits} bits{f', {spec.low_bit_copy}-bit copy' if spec.low_bit_copy else ''})"
         f" to {spec.path} ...")
     t0 = time.perf_counter()
+    plan_kw: dict[str, Any] = ({"placement": spec.placement,
+                                "profile": spec.profile() if spec.profile else None}
+                               if spec.placement else {})
     p = RkvExperts.create(spec.path, layers, fingerprint=spec.fingerprint, tiers=spec.tiers,
-                          bits=spec.bits, low_bit_copy=spec.low_bit_copy, **open_kw)
+                          bits=spec.bits, low_bit_copy=spec.low_bit_copy, **plan_kw, **open_kw)
     log(f"store written in {time.perf_counter() - t0:.1f} s")
     return p
 
@@ -254,7 +259,8 @@ def add_run(sub: Any) -> None:
                    "fit cache, one per model, bits and low-bit copy); created when absent")
     p.add_argument("--existing", action="store_true", help="the store must exist already")
     p.add_argument("--config", default=None, help="engine TOML whose tiers hold the store "
-                   "(default: the engine's dram, cxl, nvme)")
+                   "(default: the engine's dram, cxl, nvme); with a [placement] table, each "
+                   "expert's tier, bits and code are planned (docs/moe.md)")
     p.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
                    help="bits of the stored experts (8, 4: rowq)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
@@ -275,6 +281,9 @@ def add_run(sub: Any) -> None:
                         "hints-sync: loaded inline; cooccur: co-occurrence lookahead")
     p.add_argument("--resident", action="store_true", help="also generate with every expert "
                    "resident; report the speed ratio and whether the tokens are identical")
+    p.add_argument("--replan", action="store_true", help="afterwards, move the experts' "
+                   "records by the loads seen (the [placement] table of --config, else "
+                   "bits kept)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
     # one compute thread: with the prefetch worker, two OpenMP threads on two busy cores
     # stall at every barrier (decode 20x slower when the cores are shared)
@@ -309,12 +318,14 @@ def load_model(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[An
                             threads=args.threads, log=log)
 
 
-def _tiers(path: str | None) -> tuple[Any, ...] | None:
+def _tiers(path: str | None) -> tuple[tuple[Any, ...] | None, dict[str, Any]]:
+    """(tiers, [placement] table) of an engine config (None, {}: the defaults)."""
     if path is None:
-        return None
+        return None, {}
     from rkv.config import EngineConfig
 
-    return EngineConfig.load(path).tiers
+    cfg = EngineConfig.load(path)
+    return cfg.tiers, dict(cfg.placement)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -323,21 +334,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     log = _log(args.quiet)
     check_args(args)
-    tiers = _tiers(args.config)
+    tiers, placement = _tiers(args.config)
     log("loading the MoE model ...")
     moe, tok = load_model(args, log)
     moe.set_top_k(args.top_k)
     fp = store_fingerprint(moe.fingerprint, args.dtype)
-    path = Path(args.store) if args.store else default_store(args.cache_dir, fp, args.bits,
-                                                             args.low_bit_copy)
+    path = Path(args.store) if args.store else default_store(
+        args.cache_dir, fp, "plan" if placement else args.bits, args.low_bit_copy)
     layers = cast_experts(moe.experts, args.dtype)
     total = expert_bytes(layers)
     budget = budget_bytes(args.budget, total)
-    spec = StoreSpec(path, fp, args.bits, args.low_bit_copy, tiers, not args.existing)
+
+    def profile() -> Any:
+        from rkv.moe.profile import profile_for
+
+        return profile_for(moe, tok, args.cache_dir, log)
+
+    spec = StoreSpec(path, fp, args.bits, args.low_bit_copy, tiers, not args.existing,
+                     placement or None, profile)
     kw = open_options(budget, args.policy, args.per_layer, args.prefetch, args.low_bit_on_miss)
     ids = prompt_ids(tok, args.prompt, not args.no_chat)
     eos = None if args.ignore_eos else getattr(tok, "eos_token_id", None)
     provider = open_store(spec, lambda: layers, log=log, **kw)
+    replanned: dict[str, Any] | None = None
     try:
         moe.set_provider(provider)
         moe.set_hint(PREFETCH[args.prefetch][2])
@@ -345,6 +364,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         g = greedy(moe, ids, args.tokens, provider=provider, eos=eos)
         provider.settle()
         g.stats_end = provider.stats()
+        if args.replan:
+            log("re-placing the experts by the loads seen ...")
+            replanned = provider.replan(placement or {"bits": [16]},
+                                        profile() if placement else None).to_dict()
     finally:
         moe.set_provider(None)
         provider.close()
@@ -354,7 +377,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         "budget": args.budget, "budget_bytes": budget, "expert_bytes_total": total,
         "policy": args.policy, "per_layer": args.per_layer, "prefetch": args.prefetch,
         "prompt_tokens": len(ids), "text": tok.decode(g.tokens, skip_special_tokens=True),
-        "streamed": summary(g)}
+        "streamed": summary(g), "placement": placement or None,
+        "replan": replanned}
     if args.resident:
         moe.set_provider(ResidentExperts(layers))
         r = greedy(moe, ids, args.tokens, eos=eos)
@@ -371,7 +395,8 @@ def print_report(res: dict[str, Any]) -> None:
     s = res["streamed"]
     w = sys.stdout.write
     w(res["text"].strip() + "\n\n")
-    w(f"E={res['experts']} k={res['top_k']}, {res['bits']}-bit {res['dtype']} experts, "
+    bits = "planned" if res.get("placement") else f"{res['bits']}-bit"
+    w(f"E={res['experts']} k={res['top_k']}, {bits} {res['dtype']} experts, "
       f"budget {res['budget']} ({res['budget_bytes'] / 2**20:.1f} of "
       f"{res['expert_bytes_total'] / 2**20:.1f} MiB), {res['policy']}"
       f"{' per layer' if res['per_layer'] else ''}, prefetch {res['prefetch']}\n")
@@ -388,3 +413,8 @@ def print_report(res: dict[str, Any]) -> None:
     if "resident" in res:
         w(f"resident: {res['resident']['decode_tokens_per_s']:.2f} tokens/s; streamed/resident "
           f"{res['ratio']:.2f}; tokens identical: {'yes' if res['identical'] else 'NO'}\n")
+    if res.get("replan"):
+        r = res["replan"]
+        w(f"replan ({r['steps']} steps): promoted {r['promoted']}, demoted {r['demoted']}, "
+          f"recoded {r['recoded']}, unreadable {r['unreadable']}; "
+          f"{r['bytes_written'] / 2**20:.1f} MiB written in {r['seconds']:.1f} s\n")

@@ -233,3 +233,30 @@ def test_budget_parsing() -> None:
     assert runmod.budget_bytes("0", 10) == 0
     with pytest.raises(ConfigError):
         runmod.budget_bytes("-3", 10)
+
+
+def test_cli_plans_experts_from_the_placement_table(
+        cli: Callable[..., int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A [placement] table in --config plans every expert (with a profile measured on the
+    tiny model), --replan re-places them after generating, and the store reopens."""
+    import rkv.moe.profile as profmod
+
+    measured: list[int] = []
+
+    def profile_for(moe: MoEModel, tok: Any, cache_dir: Any = None, log: Any = None) -> Any:
+        measured.append(1)
+        return profmod.measure_expert_profile(moe, calib(2, 24))
+
+    monkeypatch.setattr(profmod, "profile_for", profile_for)
+    cfg = tmp_path / "engine.toml"
+    cfg.write_text('[placement]\nquality_budget_kl = 0.5\nmax_p_due = 0.01\n')
+    store, out = tmp_path / "st", tmp_path / "r.json"
+    assert cli("--store", str(store), "--tokens", "4", "--config", str(cfg), "--replan",
+               "--json", str(out)) == 0
+    res = json.loads(out.read_text())
+    assert measured and res["placement"]["quality_budget_kl"] == 0.5
+    assert res["replan"]["steps"] > 0 and res["replan"]["unreadable"] == 0
+    body = json.loads(json.loads((store / "moe.json").read_text())["body"])
+    assert body["plan"]["kl"] <= 0.5 and body["plan"]["kl_budget"] == 0.5
+    assert cli("--store", str(store), "--existing", "--tokens", "2", "--config",
+               str(cfg)) == 0
