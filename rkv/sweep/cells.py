@@ -51,7 +51,7 @@ def interval(ci: Any) -> dict[str, float | None]:
 
 @cache
 def code_version() -> str:
-    """rkv's version, plus ``+g<commit>`` (and ``.dirty``) when run from a git checkout."""
+    """rkv's version, plus ``+g<commit>`` when run from a git checkout."""
     import rkv
 
     root = Path(rkv.__file__).resolve().parents[1]
