@@ -241,6 +241,8 @@ def main() -> int:
                                            "moe_trace_e16k4_topics.jsonl"))
     ap.add_argument("--budget", type=float, default=0.25, help="device cache share (part 2)")
     ap.add_argument("--part", choices=["1", "2", "both"], default="both")
+    ap.add_argument("--reliability-cache", default=str(ROOT / "benchmarks/results/"
+                                                           "moe_plan_reliability.json"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -254,8 +256,14 @@ def main() -> int:
         prof = cached_profile(moe, cal, default_cache_dir(), log=log)
     held = [w[:256] for src in ("topics", "docs") for w in heldout_text(tok, args.windows,
                                                                            source=src)]
+    from rkv.placement.options import DEFAULT_CACHE
+
+    saved = Path(args.reliability_cache)
+    if saved.exists():       # predict's answers of an earlier run (minutes to recompute)
+        DEFAULT_CACHE.add(json.loads(saved.read_text()))
     t0 = time.perf_counter()
     rows = part1(moe, prof, cal, held, args.hours) if args.part != "2" else []
+    saved.write_text(json.dumps(DEFAULT_CACHE.entries()))
     learned = (part2(Path(args.trace), args.hours, args.replay_tokens, args.budget)
                if args.part != "1" else {})
     res = {"model": "SmolLM2-135M-Instruct (weights 4-bit Q4_1) MoEfied, E=8, k=6",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +274,23 @@ def test_a_load_racing_a_replan_reads_the_moved_record(tmp_path: Path) -> None:
         assert inner.get(tier_key(rx.fingerprint, 0, 0)) is None     # the old copy is gone
     finally:
         rx.close()
+
+
+def test_no_worse_than_placing_by_use() -> None:
+    """16 bits only, experts of one size: tier room is all that is decided. Placing the most
+    used first is optimal here; the planner must match it (its multipliers alone did not)."""
+    rng = np.random.default_rng(3)
+    loads = rng.gamma(2.0, 0.4, 40)
+    experts = [ExpertInput(0, i, N, D, loads=float(x)) for i, x in enumerate(loads)]
+    cfg = {"codes": ["none"], "bits": [16], "max_p_due": 1e-2}
+    tiers = [TierInput("a", "dram-ddr4", 0, 20.0, 0.1), TierInput("b", "cxl", 0, 12.0, 0.25),
+             TierInput("c", "nvme-tlc", 1 << 30, 6.5, 80.0)]
+    size = plan_experts(experts[:1], tiers, cfg).choices[0].record_bytes
+    tiers = [replace(t, free_bytes=f) for t, f in zip(tiers, (10 * size, 10 * size, 1 << 30),
+                                                       strict=True)]
+    plan = plan_experts(experts, tiers, cfg)
+    order = np.argsort(-loads, kind="stable")
+    want = {int(i): "a" if r < 10 else "b" if r < 20 else "c" for r, i in enumerate(order)}
+    by_use = sum(plan_experts([experts[i]], [t for t in tiers if t.name == want[i]], cfg)
+                 .cost_us for i in range(40))
+    assert plan.cost_us <= by_use * (1 + 1e-9)
