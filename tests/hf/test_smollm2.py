@@ -46,6 +46,7 @@ def test_quality_through_rkv_on_smollm2(smollm2: tuple[object, object]) -> None:
     assert protected.kl == 0 and protected.report.get("corrected", 0) > 0
     detected = evaluate(model, windows, RkvRoundTrip(fault_model=fm), prefix=256)
     assert detected.kl == 0 and detected.recomputed == 1
+    assert detected.recomputed_tokens == 256 and detected.report["due_blocks"] >= 1
 
 
 def test_smollm2_prefix_cache_warm_start(smollm2: tuple[object, object],
