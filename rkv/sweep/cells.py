@@ -78,7 +78,8 @@ def reliability(cell: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "blocks": s.blocks, "trials": s.trials, "sampling": s.sampling,
         "p_any_error": s.p_any_error,
-        "rates": {o: {"n": int(s.counts[o]), "rate": r, "lo": lo, "hi": hi}
+        # lo <= rate <= hi exactly: Wilson's bound at k = n can round to just below it.
+        "rates": {o: {"n": int(s.counts[o]), "rate": r, "lo": min(lo, r), "hi": max(hi, r)}
                   for o, (r, lo, hi) in s.rates.items()},
         "analytic": {"p_due": finite(p.p_due), "p_sdc": finite(p.p_sdc),
                      "p_corrected": finite(p.p_corrected),
