@@ -233,3 +233,18 @@ def test_cli(tmp_path: Path, capsys: Any) -> None:
     assert main(["sweep", str(f)]) == 2
     assert "unknown key axes.bitz" in capsys.readouterr().err
     assert main(["sweep", str(f), "--executor", "process", "--ray-address", "auto"]) == 2
+
+
+def test_conditional_rates_keep_their_interval(tmp_path: Path) -> None:
+    """Under conditional sampling every block meets a fault; with a checksum only every one
+    is a DUE (k = n), and the scaled interval still holds its rate."""
+    sweep = cheap(tmp_path, sweep={"seeds": [0]},
+                  axes={**CHEAP["axes"], "bits": [16], "code": ["none"]},
+                  params={"raw-ber": {"ber": 1e-9}},
+                  reliability={"trials": 3, "blocks": 2, "sampling": "conditional"})
+    (r,) = run_sweep(sweep, executor="serial", progress=False).rows
+    rel = r["reliability"]
+    assert rel["sampling"] == "conditional" and rel["rates"]["due"]["n"] == 6
+    assert 0 < rel["p_any_error"] < 1e-3
+    assert rel["rates"]["due"]["rate"] == pytest.approx(rel["p_any_error"])
+    assert all(v["lo"] <= v["rate"] <= v["hi"] for v in rel["rates"].values())
