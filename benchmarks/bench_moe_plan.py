@@ -193,13 +193,14 @@ def replay(rx: RkvExperts, routes: list[list[tuple[int, ...]]]) -> dict[str, flo
     return out
 
 
-def part2(trace_path: Path, hours: float, tokens: int, budget: float) -> dict[str, Any]:
+def part2(trace_path: Path, hours: float, tokens: int, budget: float, test_tokens: int
+          ) -> dict[str, Any]:
     """Learned re-placement on a real routing trace (E = 16, k = 4), with random float16
     experts of the trace model's shape (only the record sizes matter to the loads)."""
     from rkv.moe.experts import ExpertWeights
     from rkv.moe.replay_trace import read_trace
 
-    tr = read_trace(trace_path, limit=2 * tokens)
+    tr = read_trace(trace_path, limit=tokens + test_tokens)
     n = 1536 // tr.experts
     rng = np.random.default_rng(0)
     layers = [[ExpertWeights(*(rng.standard_normal(s).astype(np.float16)
@@ -208,7 +209,7 @@ def part2(trace_path: Path, hours: float, tokens: int, budget: float) -> dict[st
     total = sum(pack(w).nbytes for layer in layers for w in layer)
     cfgs = tuple(replace(t, capacity_bytes=total // 4) if t.name in ("dram", "cxl") else t
                  for t in default_tiers())
-    train, test = tr.routes[:tokens], tr.routes[tokens:2 * tokens]
+    train, test = tr.routes[:tokens], tr.routes[tokens:tokens + test_tokens]
     tmp = Path(tempfile.mkdtemp(prefix="rkv-moe-plan-"))
     opts: dict[str, Any] = {"device_budget_bytes": int(total * budget), "eviction": "lru",
                             "per_layer": True, "prefetch": None}
@@ -236,7 +237,8 @@ def main() -> int:
                          "cached)")
     ap.add_argument("--windows", type=int, default=4, help="held-out windows per source")
     ap.add_argument("--hours", type=float, default=24.0, help="residency for reliability")
-    ap.add_argument("--replay-tokens", type=int, default=256)
+    ap.add_argument("--replay-tokens", type=int, default=768, help="tokens learned from")
+    ap.add_argument("--test-tokens", type=int, default=256, help="tokens measured after")
     ap.add_argument("--trace", default=str(ROOT / "benchmarks/results/"
                                            "moe_trace_e16k4_topics.jsonl"))
     ap.add_argument("--budget", type=float, default=0.25, help="device cache share (part 2)")
@@ -263,8 +265,10 @@ def main() -> int:
         DEFAULT_CACHE.add(json.loads(saved.read_text()))
     t0 = time.perf_counter()
     rows = part1(moe, prof, cal, held, args.hours) if args.part != "2" else []
-    saved.write_text(json.dumps(DEFAULT_CACHE.entries()))
-    learned = (part2(Path(args.trace), args.hours, args.replay_tokens, args.budget)
+    if rows:
+        saved.write_text(json.dumps(DEFAULT_CACHE.entries()))
+    learned = (part2(Path(args.trace), args.hours, args.replay_tokens, args.budget,
+                     args.test_tokens)
                if args.part != "1" else {})
     res = {"model": "SmolLM2-135M-Instruct (weights 4-bit Q4_1) MoEfied, E=8, k=6",
            "windows": len(held), "window_tokens": 256, "hours": args.hours,
