@@ -274,8 +274,8 @@ def test_planned_and_raw_cells() -> None:
     assert (sets[0].bits, sets[0].code) == (None, "planned") and sets[1].put_gbps is None
     assert next(p["label"] for p in pareto(rows)).startswith("planned")
     text = summary(rows)
-    assert "raw storage (no checksum, what peers do), 16 bits: silently wrong KV returned, " \
-           "P(SDC) 0.07" in text
+    assert "raw storage (no checksum, what peers do), 16 bits: silently wrong KV P(SDC) " \
+           "0.07" in text
     # raw storage's SDC is not rkv's: the verdict counts rkv's settings only.
     assert text.splitlines()[-1].startswith("verdict: rkv returned no silently wrong KV in 200")
     bad = row(placement=None)

@@ -213,7 +213,7 @@ def _unprotected(group: Sequence[Setting]) -> list[str]:
     if raw:
         worst = max(raw, key=lambda s: s.sdc.rate if s.sdc else 0.0)
         text = (f"  raw storage (no checksum, what peers do), {worst.bits} bits: silently "
-                f"wrong KV returned, P(SDC) {fmt_rate(worst.sdc)}")
+                f"wrong KV P(SDC) {fmt_rate(worst.sdc)}, analytic {fmt_num(worst.p_sdc, 2)}")
         if worst.kl is not None:
             text += f", KL {fmt_interval(worst.kl, 2)}"
         return [text]

@@ -117,14 +117,20 @@ def _code_labels(fig: Any, ax: Any, pts: Sequence[tuple[Setting, float, float]],
                     fontsize=5, color="0.35", ha="center", va="top")
         name = label(s, extra).split(" ", 1)[1]
         groups.setdefault(name, []).append((s, x, y))
-    placed: list[float] = []
-    for name, group in sorted(groups.items(), key=lambda g: max(p[2] for p in g[1])):
-        x, y = max((p[1], p[2]) for p in group)
-        near = sum(1 for q in placed if abs(math.log10(q) - math.log10(y)) < 0.12)
-        placed.append(y)
-        where = offset_copy(ax.transData, fig=fig, x=8, y=7.5 * near - 3, units="points")
-        ax.annotate(_tex(name), (x, y), xytext=(x, y), textcoords=where, fontsize=6,
-                    color="0.15")
+    ends = sorted(((max((p[1], p[2]) for p in g), name) for name, g in groups.items()),
+                  key=lambda e: e[0][1])
+    clusters: list[list[tuple[tuple[float, float], str]]] = []
+    for end in ends:                # labels less than ~0.15 decade apart share a column
+        if clusters and math.log10(end[0][1]) - math.log10(clusters[-1][-1][0][1]) < 0.15:
+            clusters[-1].append(end)
+        else:
+            clusters.append([end])
+    for cl in clusters:
+        for j, ((x, y), name) in enumerate(cl):
+            where = offset_copy(ax.transData, fig=fig, x=8, y=7.5 * (j - (len(cl) - 1) / 2) - 3,
+                                units="points")
+            ax.annotate(_tex(name), (x, y), xytext=(x, y), textcoords=where, fontsize=6,
+                        color="0.15")
     xs = [p[1] for p in pts]
     if xs:
         span = (max(xs) - min(xs)) or 1.0
