@@ -18,8 +18,9 @@ from rkv.cli import main
 from rkv.errors import InputError
 from rkv.faults.campaign import wilson
 from rkv.sweep.report import load_rows, pareto, summary, write_report
-from rkv.sweep.report_rows import ResultsError, TornLineWarning, check_row
+from rkv.sweep.report_rows import TornLineWarning, check_row
 from rkv.sweep.report_rows import settings as pooled
+from rkv.sweep.results import ResultsError
 
 N = 100  # blocks per row
 
@@ -308,4 +309,4 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert msg in err and err.count("\n") == 1
     (tmp_path / "bad.jsonl").write_text("{}\n{}\n")
     assert main(["report", str(tmp_path / "bad.jsonl")]) == 2
-    assert "bad.jsonl:1: bad row: key" in capsys.readouterr().err
+    assert "bad.jsonl:1: not a sweep row (missing key" in capsys.readouterr().err

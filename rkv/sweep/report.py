@@ -26,12 +26,12 @@ from rkv.errors import InputError
 from rkv.sweep.report_rows import (
     Interval,
     Rate,
-    ResultsError,
     Setting,
     TornLineWarning,
     load_rows,
     settings,
 )
+from rkv.sweep.results import ResultsError
 
 __all__ = ["OBJECTIVES", "Report", "ResultsError", "TornLineWarning", "load_rows", "objectives",
            "pareto", "pareto_settings", "settings", "summary", "write_report"]

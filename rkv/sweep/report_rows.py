@@ -19,18 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rkv.errors import InputError
 from rkv.faults.campaign import wilson
-from rkv.specs import strict_json
+from rkv.sweep.results import ResultsError, ResultsFile
 
-#: Longest row accepted (a real row is a few KiB): a hostile file cannot make us parse 1 GB.
-MAX_LINE = 1 << 20
 _KEY = re.compile(r"[0-9a-f]{16}")
 OUTCOMES = ("clean", "masked", "corrected", "degraded", "due", "sdc")
-
-
-class ResultsError(InputError):
-    """A results file, or one of its rows, is malformed (the message names file and line)."""
 
 
 class TornLineWarning(UserWarning):
@@ -161,44 +154,34 @@ def check_row(row: Any) -> dict[str, Any]:
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a results file, in file order, each checked (:class:`ResultsError` naming
-    the line otherwise). A torn last line is skipped with a :class:`TornLineWarning`; a key
-    seen twice keeps its last row (a warning says so when the two rows disagree)."""
+    """The rows of a results file (read by :class:`rkv.sweep.results.ResultsFile`, the one
+    reader), each checked field by field (:class:`ResultsError` naming the line otherwise). A
+    torn last line is skipped with a :class:`TornLineWarning`; a key seen twice keeps its last
+    row (a warning says so when the two rows disagree)."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        rf = ResultsFile(p, repair=False)
+        if not p.exists():
+            raise FileNotFoundError(str(p))
     except FileNotFoundError as exc:
         raise ResultsError(f"no results file {p}") from exc
     except IsADirectoryError as exc:
         raise ResultsError(f"{p} is a directory, not a results file") from exc
     except OSError as exc:
         raise ResultsError(f"cannot read results file {p}: {exc.strerror or exc}") from exc
-    lines = data.split(b"\n")
-    rows: dict[str, dict[str, Any]] = {}
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        last = i == len(lines)              # no newline after it: possibly torn
+    if rf.torn_line is not None:
+        warnings.warn(f"{p}:{rf.torn_line}: skipped a torn last line (an interrupted append)",
+                      TornLineWarning, stacklevel=2)
+    for line in rf.conflicts:
+        warnings.warn(f"{p}:{line}: a key appears twice with different results; the later "
+                      "row is used", UserWarning, stacklevel=2)
+    out = []
+    for key, row in rf.rows.items():
         try:
-            if len(raw) > MAX_LINE:
-                raise ValueError(f"row longer than {MAX_LINE} bytes")
-            obj = strict_json(raw.decode("utf-8"))
+            out.append(check_row(row))
         except (ValueError, RecursionError) as exc:
-            if last:
-                warnings.warn(f"{p}:{i}: skipped a torn last line ({len(raw)} bytes, an "
-                              "interrupted append)", TornLineWarning, stacklevel=2)
-                continue
-            raise ResultsError(f"{p}:{i}: not a JSON row: {_short(exc)}") from exc
-        try:
-            row = check_row(obj)
-        except (ValueError, RecursionError) as exc:
-            raise ResultsError(f"{p}:{i}: bad row: {_short(exc)}") from exc
-        old = rows.pop(row["key"], None)
-        if old is not None and _strip(old) != _strip(row):
-            warnings.warn(f"{p}:{i}: key {row['key']} appears twice with different results; "
-                          "the later row is used", UserWarning, stacklevel=2)
-        rows[row["key"]] = row
-    return list(rows.values())
+            raise ResultsError(f"{p}:{rf.lines[key]}: bad row: {_short(exc)}") from exc
+    return out
 
 
 def _short(exc: BaseException) -> str:

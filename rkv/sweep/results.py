@@ -4,7 +4,8 @@ Appends are crash-safe: each row is one ``write`` of a complete line, flushed an
 run killed mid-write leaves at most a torn *last* line (no newline, or not JSON); the next
 open detects it, truncates it away and runs that cell again. A line that is not a valid row
 anywhere else means the file was damaged or edited: :class:`ResultsError`, naming the line.
-A key seen twice keeps its last row.
+A key seen twice keeps its last row. This is the one reader of results files: ``rkv report``
+(:func:`rkv.sweep.report_rows.load_rows`) checks each row's fields on top of it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from rkv.errors import InputError
+from rkv.specs import strict_json
 
 REQUIRED = ("key", "sweep", "config", "version", "timings", "reliability", "quality", "cost")
+#: Longest row accepted (a real row is a few KiB): a hostile file cannot make us parse 1 GB.
+MAX_LINE = 1 << 20
 
 
 class ResultsError(InputError):
@@ -25,27 +29,45 @@ class ResultsError(InputError):
 
 
 def _row(line: bytes, path: Path, lineno: int) -> dict[str, Any]:
+    """One line as a row (strict JSON: no NaN, no repeated keys, bounded size and depth)."""
     try:
-        row = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"{path}:{lineno}: not a JSON row ({exc})") from exc
-    if not isinstance(row, dict) or any(k not in row for k in REQUIRED):
-        missing = [k for k in REQUIRED if not isinstance(row, dict) or k not in row]
+        if len(line) > MAX_LINE:
+            raise ValueError(f"row longer than {MAX_LINE} bytes")
+        row = strict_json(line.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:       # UnicodeDecodeError is a ValueError
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ResultsError(f"{path}:{lineno}: not a JSON row ({why})") from exc
+    if not isinstance(row, dict):
+        raise ResultsError(f"{path}:{lineno}: row: expected an object, got "
+                           f"{type(row).__name__}")
+    missing = [k for k in REQUIRED if k not in row]
+    if missing:
         raise ResultsError(f"{path}:{lineno}: not a sweep row (missing {', '.join(missing)})")
     return row
 
 
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two rows of one key agree (timings and code version aside)."""
+    skip = ("timings", "version")
+    return {k: v for k, v in a.items() if k not in skip} == {
+        k: v for k, v in b.items() if k not in skip}
+
+
 class ResultsFile:
     """The rows of one results file; :meth:`append` adds one durably. ``repair`` truncates a
-    torn last line away on open (the runner does; readers only skip it)."""
+    torn last line away on open (the runner does; readers only skip it). ``lines``: each
+    key's line number; ``torn_line``: the torn line's number; ``conflicts``: line numbers of
+    rows that replaced an earlier, different row of their key."""
 
     def __init__(self, path: str | Path, *, repair: bool = True) -> None:
         self.path = Path(path)
         self.rows: dict[str, dict[str, Any]] = {}
-        self.torn = False            # whether the file ended in a torn line
+        self.lines: dict[str, int] = {}
+        self.conflicts: list[int] = []
+        self.torn_line: int | None = None
         if self.path.exists():
             good_end = self._load(self.path.read_bytes())
-            if self.torn and repair:
+            if self.torn_line is not None and repair:
                 self._truncate(good_end)
 
     def _load(self, data: bytes) -> int:
@@ -59,13 +81,17 @@ class ResultsFile:
                     row = _row(line, self.path, i + 1)
                 except ResultsError:
                     if last_line:
-                        self.torn = True
+                        self.torn_line = i + 1
                         return offset
                     raise
                 if i == len(lines) - 1:     # complete JSON without its newline: torn too
-                    self.torn = True
+                    self.torn_line = i + 1
                     return offset
+                old = self.rows.get(row["key"])
+                if old is not None and not _same(old, row):
+                    self.conflicts.append(i + 1)
                 self.rows[row["key"]] = row
+                self.lines[row["key"]] = i + 1
             offset += len(line) + 1
         return len(data)
 
@@ -90,6 +116,11 @@ class ResultsFile:
         line = json.dumps(row, sort_keys=True, allow_nan=False).encode() + b"\n"
         self._write(line)
         self.rows[row["key"]] = row
+
+    @property
+    def torn(self) -> bool:
+        """Whether the file ended in a torn line."""
+        return self.torn_line is not None
 
     def __contains__(self, key: object) -> bool:
         return key in self.rows
