@@ -245,7 +245,9 @@ def plot_reliability(plt: Any, sets: Sequence[Setting], front: set[str], stem: P
                 v, seen = _shown(r)
                 if v <= 0:
                     continue
-                ax.errorbar([x], [v], yerr=[[v - r.lo if seen else 0.0], [r.hi - v]],
+                # A rate scaled by P(any fault) can sit just above its Wilson bound.
+                ax.errorbar([x], [v], yerr=[[max(v - r.lo, 0.0) if seen else 0.0],
+                                            [max(r.hi - v, 0.0)]],
                             fmt="none", ecolor=colour, alpha=0.35, elinewidth=0.8, zorder=1)
                 ax.scatter([x], [v], marker=marker, s=40 if s.key in front else 22,
                            facecolors=colour if seen else "none", edgecolors=colour, zorder=2)
