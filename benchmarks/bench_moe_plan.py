@@ -232,7 +232,7 @@ def part2(trace_path: Path, hours: float, tokens: int, budget: float, test_token
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", default=str(ROOT / "rkv/profiles/smollm2-135m-moe-e8k6.json"),
+    ap.add_argument("--profile", default=str(ROOT / "rkv/profiles/moe/smollm2-135m-e8k6.json"),
                     help="an expert profile JSON (another model's: measured on 6 windows, "
                          "cached)")
     ap.add_argument("--windows", type=int, default=4, help="held-out windows per source")

@@ -113,3 +113,18 @@ def prefix_requests(draw: st.DrawFn, max_requests: int = 30) -> list[tuple[int, 
         out.append(base + tuple(range(fresh, fresh + n_new)))
         fresh += n_new
     return out
+
+
+def tiny_llama() -> Any:
+    """A small random Llama-style model (2 layers, 64 wide, vocab 97), in eval mode: for
+    tests that need a real transformers model without weights (imports torch lazily)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.eval()
+    return model

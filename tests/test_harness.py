@@ -27,6 +27,7 @@ from rkv.quality import RkvRoundTrip, mean_ci, raw_model_faults, t_quantile, tex
 GOLDEN_DIR = Path(__file__).parent / "golden"
 sys.path.insert(0, str(GOLDEN_DIR))
 from make_harness_golden import CASES, GOLDEN, record  # noqa: E402
+from rkvtest import tiny_llama  # noqa: E402
 
 SMALL = {"chunk_tokens": 64, "kv_heads": 1, "head_dim": 64}
 
@@ -231,13 +232,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny() -> Any:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=256)
-    model = transformers.LlamaForCausalLM(cfg)
-    model.eval()
-    return model
+    return tiny_llama()
 
 
 @pytest.mark.parametrize("keep", [0, 16, 32])

@@ -327,8 +327,9 @@ def cached_profile(moe: MoEModel, windows: Sequence[Sequence[int]], cache_dir: s
 
 
 def shipped_path(experts: int, top_k: int) -> Path:
-    return Path(__file__).resolve().parent.parent / "profiles" / (
-        f"smollm2-135m-moe-e{experts}k{top_k}.json")
+    # A subdirectory: rkv/profiles/*.json are KV quality profiles (rkv.calibrate reads them).
+    return Path(__file__).resolve().parent.parent / "profiles" / "moe" / (
+        f"smollm2-135m-e{experts}k{top_k}.json")
 
 
 def profile_for(moe: MoEModel, tokenizer: Any, cache_dir: str | Path | None = None,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rkvtest import local_config
+from rkvtest import local_config, tiny_llama
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,13 +17,7 @@ from rkv.adapters.hf import HFPrefixCache, cache_from_kv, kv_from_cache, model_s
 
 @pytest.fixture(scope="module")
 def tiny() -> object:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=256)
-    model = transformers.LlamaForCausalLM(cfg)
-    model.eval()
-    return model
+    return tiny_llama()
 
 
 def test_cache_round_trip_gives_identical_logits(tiny: object) -> None:

@@ -294,3 +294,13 @@ def test_no_worse_than_placing_by_use() -> None:
     by_use = sum(plan_experts([experts[i]], [t for t in tiers if t.name == want[i]], cfg)
                  .cost_us for i in range(40))
     assert plan.cost_us <= by_use * (1 + 1e-9)
+
+
+def test_shipped_expert_profile_loads() -> None:
+    """The shipped E = 8, k = 6 profile is valid, and kept out of the KV profiles' folder."""
+    from rkv.moe.profile import shipped_path
+
+    p = ExpertProfile.load(shipped_path(8, 6))
+    assert (p.layers, p.experts, p.top_k, p.bits) == (30, 8, 6, (8, 4))
+    assert 0 < p.all_kl[0] < p.all_kl[1]          # 4 bits costs more than 8
+    assert shipped_path(8, 6).parent.name == "moe"
