@@ -5,7 +5,6 @@ model cannot have seen. Windows are spread evenly over each source."""
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from rkv.errors import ConfigError, InputError
@@ -13,12 +12,6 @@ from rkv.errors import ConfigError, InputError
 #: rkv docs used as unseen text: the fault models, the record format and the codes (long,
 #: technical, and rarely edited, so the text digest of a sweep changes rarely).
 DOCS = ("faultmodels/*.md", "format.md", "ecc.md")
-
-
-def docs_dir() -> Path:
-    import rkv
-
-    return Path(rkv.__file__).resolve().parents[1] / "docs"
 
 
 @cache
@@ -29,6 +22,8 @@ def source_text(name: str) -> str:
 
         return "\n\n".join(topics[k] for k in sorted(topics))
     if name == "docs":
+        from rkv.calibrate_measure import docs_dir
+
         d = docs_dir()
         files = sorted({p for pat in DOCS for p in d.glob(pat)})
         if not files:
