@@ -122,7 +122,8 @@ def _campaign_config(args: argparse.Namespace) -> Any:
     if args.config:
         base = CampaignConfig.load(args.config).to_dict()
     for name in ("tier", "protection", "hours", "trials", "blocks", "seed", "workers",
-                 "sampling", "rows", "chunk_tokens", "kv_heads", "head_dim", "dtype", "bits"):
+                 "sampling", "rows", "chunk_tokens", "kv_heads", "head_dim", "dtype", "bits",
+                 "ber_multiplier"):
         value = getattr(args, name)
         if value is not None:
             base[name] = value
@@ -243,10 +244,12 @@ def cmd_quality(args: argparse.Namespace) -> int:
     bits = [int(b) for b in str(args.bits).split(",") if b.strip()]
     if any(b not in (2, 4, 8, 16, 32) for b in bits):
         raise ConfigError(f"--bits takes values among 2, 4, 8, 16, got {args.bits!r}")
+    if not {x.strip() for x in args.text.split(",")} <= {"topics", "docs"}:
+        raise ConfigError(f"--text takes topics, docs or both, got {args.text!r}")
     if not quiet_tty(args):
         print("loading SmolLM2-135M-Instruct (Q4_1 weights, fp32 compute)...", file=sys.stderr)
     model, tok = load_smollm2(threads=args.threads)
-    windows = text_windows(tok, args.windows, args.prefix + args.eval)
+    windows = text_windows(tok, args.windows, args.prefix + args.eval, sources=args.text)
     rows = []
     fault_model: Any = None
     if args.fault_model:
@@ -266,8 +269,8 @@ def cmd_quality(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([q.row() for q in rows], indent=2))
     else:
-        print(f"SmolLM2-135M-Instruct (weights 4-bit Q4_1), {args.windows} windows of "
-              f"pydoc_data.topics: {args.prefix}-token prefix from the cache under test, "
+        print(f"SmolLM2-135M-Instruct (weights 4-bit Q4_1), {len(windows)} windows of "
+              f"{args.text}: {args.prefix}-token prefix from the cache under test, "
               f"{args.eval} tokens scored\n")
         print(format_table(rows))
     return 0
@@ -349,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="codec spec (rs(255,239), bch(m=13,t=8), shardrs(k=16,m=2)), "
                            "'none' (end-to-end checksum only) or 'raw' (nothing)")
     camp.add_argument("--hours", type=float, default=None, help="residency time in hours")
+    camp.add_argument("--ber-multiplier", dest="ber_multiplier", type=float, default=None,
+                      help="every fault x times as frequent (accelerated testing)")
     camp.add_argument("--trials", type=int, default=None)
     camp.add_argument("--blocks", type=int, default=None, help="blocks per trial")
     camp.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, default=None)
@@ -384,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="fault model parameter override (repeatable)")
     qual.add_argument("--hours", type=float, default=24.0,
                       help="residency for --fault-model")
-    qual.add_argument("--windows", type=int, default=4)
+    qual.add_argument("--windows", type=int, default=4, help="windows (alternating sources)")
+    qual.add_argument("--text", default="topics", help="sources: topics, docs (unseen) or both")
     qual.add_argument("--prefix", type=int, default=512, help="prefix tokens from the cache")
     qual.add_argument("--eval", type=int, default=64, help="tokens scored per window")
     qual.add_argument("--threads", type=int, default=2)
@@ -446,27 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     from rkv.moe.replay_cli import register as register_moe
 
     register_moe(rep)
-    cal = sub.add_parser("calibrate", help="quality profile of SmolLM2-135M: KL per layer's "
-                                           "K and V at 8/4/2 bits (docs/calibration.md)")
-    cal.add_argument("--windows", type=int, default=24, help="text windows (576 tokens)")
-    cal.add_argument("--text", default="topics,docs", help="sources: topics, docs or both")
-    cal.add_argument("--out", default="smollm2-135m.json", help="profile file to write")
-    cal.add_argument("--cache", default=None, help="resume file (JSON Lines; default under "
-                                                   "~/.cache/rkv)")
-    cal.add_argument("--limit", type=int, default=None, help="measure only the first N")
-    cal.add_argument("--threads", type=int, default=2)
-    cal.add_argument("--quiet", action="store_true", help="no progress output")
-    cal.set_defaults(fn=cmd_calibrate)
     from rkv.commands import register_all
 
     register_all(sub)
     return p
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from rkv.calibrate import cmd_calibrate as run
-
-    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

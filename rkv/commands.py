@@ -8,6 +8,7 @@ import importlib
 from typing import Any
 
 COMMANDS: list[str] = [
+    "rkv.calibrate:register",
     "rkv.placement.cli:register",
     "rkv.moe.cli:add_moe_parser",
     "rkv.sweep.report_cli:register",

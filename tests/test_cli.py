@@ -233,3 +233,16 @@ def test_destroy(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     assert main(["destroy", "--yes", str(path)]) == 0 and not path.exists()
     assert main(["info", str(path)]) == 2
     one_line_error(capsys)
+
+
+def test_campaign_ber_multiplier_and_quality_text_checked_early(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--ber-multiplier reaches the campaign's config (and a bad one is exit 2); a bad
+    `rkv quality --text` is refused before the model loads."""
+    assert main(["campaign", "--trials", "2", "--blocks", "1", "--ber-multiplier", "10",
+                 "--json", "--no-raw", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["ber_multiplier"] == 10.0
+    assert main(["campaign", "--trials", "2", "--ber-multiplier", "-1", "--quiet"]) == 2
+    assert "ber_multiplier" in capsys.readouterr().err
+    assert main(["quality", "--text", "novels", "--quiet"]) == 2
+    assert "--text" in capsys.readouterr().err
