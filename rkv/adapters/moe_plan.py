@@ -45,12 +45,6 @@ if TYPE_CHECKING:
 _BATCH = 32            # moves per manifest update
 
 
-def as_config(placement: PlacementConfig | Mapping[str, Any] | None) -> PlacementConfig:
-    if isinstance(placement, PlacementConfig):
-        return placement
-    return PlacementConfig.from_dict(placement or {})
-
-
 def tier_inputs(cfgs: Sequence[TierConfig], reserved: Mapping[str, int]) -> list[TierInput]:
     """The tiers as the planner sees them, less what copies already hold."""
     out = []
@@ -86,7 +80,7 @@ def plan_new(experts: Sequence[Sequence[ExpertWeights]], cfgs: Sequence[TierConf
             loads = 1.0 if usage is None else float(usage.get((li, ei), 0.0))
             inputs.append(ExpertInput(li, ei, int(w.gate.shape[0]), int(w.gate.shape[1]), dt,
                                       loads))
-    return plan_experts(inputs, tier_inputs(cfgs, reserved), as_config(placement), profile,
+    return plan_experts(inputs, tier_inputs(cfgs, reserved), placement, profile,
                         kl_budget=kl_budget)
 
 
@@ -119,7 +113,6 @@ def replan(rx: RkvExperts, placement: PlacementConfig | Mapping[str, Any] | None
     the original weights, letting bits change too. Runs under the adapter's lock: loads
     wait until it returns."""
     t0 = time.perf_counter()
-    cfg = as_config(placement)
     loads, steps = rx.usage()
     if steps < min_steps:
         raise InputError(f"replan needs at least {min_steps} observed forward steps, "
@@ -140,7 +133,7 @@ def replan(rx: RkvExperts, placement: PlacementConfig | Mapping[str, Any] | None
             inputs.append(ExpertInput(li, ei, info.n, info.d, info.dtype,
                                       loads.get((li, ei), 0.0)))
             fixed[(li, ei)] = info.bits
-    plan = plan_experts(inputs, tier_inputs(rx.tier_configs, reserved), cfg, profile,
+    plan = plan_experts(inputs, tier_inputs(rx.tier_configs, reserved), placement, profile,
                         kl_budget=kl_budget, fixed_bits=None if experts is not None else fixed)
     rank = {t.name: i for i, t in enumerate(rx.tier_configs)}
     counts = dict.fromkeys(("promoted", "demoted", "recoded", "rebitted", "unreadable",

@@ -162,14 +162,16 @@ def _sizes(shape: tuple[int, int, int, int], dtype: str, bits: int, code: str
 def _options(e: ExpertInput, tiers: Sequence[TierInput], bits: Sequence[int],
              cfg: PlacementConfig, hours: float, cache: ReliabilityCache) -> _Options:
     rows: list[tuple[float, ...]] = []
+    sizes = {(b, ci): _sizes(e.shape, e.dtype, b, code) for b in bits
+             for ci, code in enumerate(cfg.codes) if not by_value(code)}
     for ti, t in enumerate(tiers):
         model, mkey = MODELS.get(t.fault_model)
         per_gib = float(cfg.capacity_cost.get(t.name, 0.0)) / GIB
         for b in bits:
             for ci, code in enumerate(cfg.codes):
-                if by_value(code):
+                if (b, ci) not in sizes:
                     continue
-                data, rec = _sizes(e.shape, e.dtype, b, code)
+                data, rec = sizes[(b, ci)]
                 p_due, p_sdc, _ = cache.outcomes(code, data, model, hours, mkey)
                 read = t.latency_us + rec / (t.read_gbps * 1e3)
                 rows.append((ti, b, ci, rec, read, p_due, p_sdc, per_gib * rec))
@@ -212,9 +214,10 @@ def plan_experts(experts: Sequence[ExpertInput], tiers: Sequence[TierInput],
                           f"(16 always; 8 and 4 with an expert profile that has them)")
     h = cfg.residency_hours if hours is None else float(hours)
     shapes: dict[tuple[Any, ...], _Options] = {}
-    opts = [shapes.setdefault((e.shape, e.dtype), _options(e, tiers, bits, cfg, h, cache))
-            if (e.shape, e.dtype) not in shapes else shapes[(e.shape, e.dtype)]
-            for e in experts]
+    for e in experts:                       # one options table per expert shape
+        if (e.shape, e.dtype) not in shapes:
+            shapes[(e.shape, e.dtype)] = _options(e, tiers, bits, cfg, h, cache)
+    opts = [shapes[(e.shape, e.dtype)] for e in experts]
     m = max(len(o.tier) for o in opts)
     n = len(experts)
     cost = np.full((n, m), np.inf)

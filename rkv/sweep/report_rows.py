@@ -159,12 +159,10 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     torn last line is skipped with a :class:`TornLineWarning`; a key seen twice keeps its last
     row (a warning says so when the two rows disagree)."""
     p = Path(path)
+    if not p.exists():          # ResultsFile reads a missing file as empty (a new sweep)
+        raise ResultsError(f"no results file {p}")
     try:
         rf = ResultsFile(p, repair=False)
-        if not p.exists():
-            raise FileNotFoundError(str(p))
-    except FileNotFoundError as exc:
-        raise ResultsError(f"no results file {p}") from exc
     except IsADirectoryError as exc:
         raise ResultsError(f"{p} is a directory, not a results file") from exc
     except OSError as exc:
