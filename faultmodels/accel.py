@@ -14,7 +14,9 @@ corruption times x (not the raw bit error rate, which would fall off the ECC's c
 
 The wrapped model is an ordinary :class:`FaultModel` (``model = "accelerated"``, with
 ``ber_multiplier`` and ``base`` parameters), so sampling, importance sampling and
-:func:`rkv.faults.reliability.predict` all see the same accelerated rates.
+:func:`rkv.faults.reliability.predict` all see the same accelerated rates. Latent faults
+(``latent_hours`` of a DRAM or CXL base) are part of the base's classes, so they are
+accelerated with them; ``with_latent_hours`` changes the base's window.
 """
 
 from __future__ import annotations
@@ -71,6 +73,14 @@ class AcceleratedModel(FaultModel):
             raise FaultModelError("accelerated model: 'base' (the model to accelerate) is "
                                   "missing")
         return cls(get_model(kw["base"]), kw.get("ber_multiplier", 1.0))
+
+    @property
+    def latent_hours(self) -> float:
+        return self.base.latent_hours
+
+    def with_latent_hours(self, hours: float) -> AcceleratedModel:
+        """The base model with its latent window changed, accelerated as before."""
+        return AcceleratedModel(self.base.with_latent_hours(hours), self.ber_multiplier)
 
     def _scaled(self, c: EventClass) -> EventClass:
         x = self.ber_multiplier

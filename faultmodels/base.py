@@ -266,6 +266,22 @@ class FaultModel(ABC):
     def _bit_probs(self, hours: float) -> tuple[float, float]:
         """(P(a given bit is unreadable: erased/lost), P(it is flipped)) after `hours`."""
 
+    # -- latent faults present before the write ---------------------------------------------
+    @property
+    def latent_hours(self) -> float:
+        """Mean hours a permanent fault stays undetected (until a scrub or a read finds it and
+        the memory is retired): permanent faults that arose up to about this long before the
+        write still sit in the memory the buffer is written to, so a permanent class's
+        exposure is ``hours + latent_hours``. 0 (the default): only faults arising during the
+        residency count. Models without such faults (NAND: writes go to fresh pages) keep 0."""
+        return 0.0
+
+    def with_latent_hours(self, hours: float) -> FaultModel:
+        """This model with `latent_hours` set to ``hours``; a model without latent faults
+        returns itself (``hours`` is checked either way)."""
+        check_hours(hours)
+        return self
+
     # -- the shared machinery ----------------------------------------------------------------
     def _classes(self, nbytes: int, hours: float) -> list[EventClass]:
         n = check_nbytes(nbytes)

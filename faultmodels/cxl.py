@@ -98,6 +98,16 @@ class CxlModel(FaultModel):
             object.__setattr__(self, "_scaled_media", got)
         return got
 
+    @property
+    def latent_hours(self) -> float:
+        """The media's latent window (`DramModel.latent_hours`); the controller and the link
+        have no latent faults (a dead controller fails the write, a link error one read)."""
+        return self.media.latent_hours
+
+    def with_latent_hours(self, hours: float) -> CxlModel:
+        return dataclasses.replace(
+            self, media=dataclasses.replace(self.media, latent_hours=hours))
+
     def p_flit_escape(self) -> float:
         """Probability that one flit delivers corrupted data past the CRC."""
         p_err = -math.expm1(self.flit_bits * math.log1p(-self.link_ber))

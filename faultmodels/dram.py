@@ -45,10 +45,19 @@ The model (all approximations are listed in the docs):
   word are always detected by SEC-DED, and two devices' errors always by chipkill's double-
   symbol detection, so no coincidence is miscorrected. Two faults in the same device are
   counted too (chipkill would correct them: a small over-estimate).
+* Latent faults (``latent_hours``, default 0 = off): a permanent fault stays in the memory
+  until a patrol scrub (or a read) finds it and the memory is retired, on average
+  ``latent_hours`` after it arose; so the memory a buffer is written to already holds, on
+  average, ``rate x latent_hours`` undetected permanent faults of each mode (Little's law),
+  and a permanent class's exposure is ``hours + latent_hours`` (transient faults before the
+  write are overwritten by it). Coincidences count pre-existing permanent faults the same way.
+  Realistic: ``scrub_hours / 2`` = 1.5 h for FaultSim's 3 h patrol scrub if the first scrub
+  that sees a fault retires its memory; longer if correctable faults are left in place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -131,6 +140,7 @@ class DramModel(FaultModel):
     poison_bytes: int = 64
     modes: tuple[tuple[str, DramMode], ...] = field(default_factory=default_modes)
     source: str = ""
+    latent_hours: float = 0.0  # mean hours a permanent fault stays undetected (0: off)
 
     def __post_init__(self) -> None:
         w = as_int(self.device_width, "dram.device_width")
@@ -154,6 +164,7 @@ class DramModel(FaultModel):
         set_(self, "fit_multiplier",
              as_float(self.fit_multiplier, "dram.fit_multiplier", lo=0.0))
         set_(self, "source", as_str(self.source, "dram.source"))
+        set_(self, "latent_hours", as_float(self.latent_hours, "dram.latent_hours", lo=0.0))
         for k in ("row_bytes", "poison_bytes"):
             if getattr(self, k) % wb:
                 raise FaultModelError(f"dram.{k} must be a multiple of the {wb}-byte bus word")
@@ -273,6 +284,14 @@ class DramModel(FaultModel):
         object.__setattr__(self, "_dram_cls", out)
         return out
 
+    def with_latent_hours(self, hours: float) -> DramModel:
+        return dataclasses.replace(self, latent_hours=hours)
+
+    def _exposure(self, c: _Cls, hours: float) -> float:
+        """Hours of arrivals that a class's faults in the buffer come from: the residency,
+        plus the latent window for permanent faults that arose before the write."""
+        return hours if c.transient else hours + self.latent_hours
+
     # -- coincidences of correctable faults ----------------------------------------------------
     def _pair_geometry(self, n_words: int) -> tuple[list[_Cls], np.ndarray]:
         """Correctable classes and their origin-pair counts for an n-word region."""
@@ -304,7 +323,15 @@ class DramModel(FaultModel):
                               if (c.transient and self.scrub_hours > 0) else math.inf)
             for c in corr
         ])
-        return corr, (lam * g)[:, None] * lam[None, :] * npairs
+        gm = np.repeat(g[:, None], len(corr), axis=1)
+        lat = self.latent_hours
+        if lat > 0.0:
+            # A permanent first fault may also have arisen up to `lat` before the write
+            # (born in [-lat, tb)): + lat*h against a transient second fault (born in [0, h]),
+            # + lat*h + lat^2/2 against a permanent one (born in [-lat, h] too).
+            perm = np.array([not c.transient for c in corr])
+            gm = gm + perm[:, None] * (lat * hours + perm[None, :] * (lat * lat / 2.0))
+        return corr, lam[:, None] * gm * lam[None, :] * npairs
 
     # -- realization -------------------------------------------------------------------------
     def _lane_bits(self, k: int, bits: int, rng: np.random.Generator) -> IntArray:
@@ -378,12 +405,12 @@ class DramModel(FaultModel):
         detected = self.system_ecc != "none"
         for c in self._class_list():
             if c.fate == "secded":
-                out.extend(dram_secded.secded_classes(self, c, n, h))
+                out.extend(dram_secded.secded_classes(self, c, n, self._exposure(c, h)))
                 continue
             if c.fate != "escape":
                 continue
             hits = _hits(n, c.count, c.stride)
-            mean = c.rate * h * hits
+            mean = c.rate * self._exposure(c, h) * hits
             if detected:
                 full, rest = divmod(n, pb)
                 covered = full * pb * _hits(pb, c.count, c.stride)
@@ -428,12 +455,12 @@ class DramModel(FaultModel):
         return out
 
     def _bit_probs(self, hours: float) -> tuple[float, float]:
-        h = hours
         pb = self.poison_bytes
         lam_flip = 0.0
         lam_line = 0.0
         wb = self.word_bytes
         for c in self._class_list():
+            h = self._exposure(c, hours)
             if c.fate == "secded":
                 lo, _, _, sw = dram_secded.lanes(self, c, pb)
                 f = lo.silent_fraction()
@@ -447,7 +474,7 @@ class DramModel(FaultModel):
                 lam_flip += c.rate * h * c.count * c.bits / 8.0
             else:
                 lam_line += c.rate * h * _hits(pb, c.count, c.stride)
-        corr, m_line = self._pair_means(pb // self.word_bytes, h)
+        corr, m_line = self._pair_means(pb // self.word_bytes, hours)
         if corr:
             lam_line += float(m_line.sum())
         return -math.expm1(-lam_line), -math.expm1(-lam_flip)
@@ -468,13 +495,16 @@ class DramModel(FaultModel):
             "fit_multiplier": self.fit_multiplier,
             "poison_bytes": self.poison_bytes,
             "modes": {name: m.params() for name, m in self.modes},
+            # only when set, so that the presets' parameters (and every cache keyed by
+            # them) stay what they were before latent faults existed
+            **({"latent_hours": self.latent_hours} if self.latent_hours else {}),
         }
 
     @classmethod
     def from_params(cls, d: Mapping[str, Any]) -> DramModel:
         names = ("device_bytes", "device_width", "bus_bits", "banks", "ranks", "row_bytes",
                  "system_ecc", "on_die_ecc", "scrub_hours", "fit_multiplier", "poison_bytes",
-                 "modes", "source")
+                 "modes", "source", "latent_hours")
         kw = split_params(d, cls.name, names)
         if "modes" in kw:
             given = kw["modes"]
