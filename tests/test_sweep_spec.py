@@ -174,6 +174,31 @@ def test_results_path_is_relative_to_the_sweep_file(tmp_path: Path) -> None:
     assert tomllib.loads(f.read_text())["sweep"]["name"] == "x"
 
 
-def test_a_valid_placement_table_is_refused_until_planned_cells_run() -> None:
-    with pytest.raises(ConfigError, match=r"axes.placement\[1\]: planned cells"):
-        sweep_of(axes={"placement": [{}, {"max_p_due": 1e-6}]})
+def test_planned_cells_name_what_their_plan_depends_on() -> None:
+    plain = sweep_of(axes={"bits": [16, 4], "hours": [24.0, 2.0]})
+    mixed = sweep_of(axes={"bits": [16, 4], "hours": [24.0, 2.0],
+                           "placement": [{}, {"max_p_due": 1e-6}]})
+    unplanned = [c for c in mixed.cells if c["placement"] is None]
+    planned = [c for c in mixed.cells if c["placement"] is not None]
+    # adding a placement axis leaves the unplanned cells' keys (and results) as they were
+    assert [cell_key(c) for c in unplanned] == plain.cell_keys()
+    assert len(planned) == 2            # one per hours value: not multiplied by bits
+    for c in planned:
+        assert c["bits"] is None and c["code"] is None
+        assert c["placement"] == {"max_p_due": 1e-6, "profile": "smollm2-135m",
+                                  "estimate": False, "residency_hours": c["hours"]}
+        assert c["settings"]["reliability"]["chunks"] == 2
+    assert all("chunks" not in c["settings"]["reliability"] for c in unplanned)
+    # a table that sets a default keeps its own value
+    own = sweep_of(axes={"placement": [{"residency_hours": 1.0, "profile": "x.json"}]})
+    assert own.cells[0]["placement"]["residency_hours"] == 1.0
+
+
+def test_placement_rules_match_the_keys_they_name() -> None:
+    axes = {"placement": [{}, {"max_p_due": 1e-6}, {"max_p_due": 1e-3}], "bits": [16]}
+    only = sweep_of(axes=axes, include=[{"placement": {"max_p_due": 1e-3}}])
+    assert [c["placement"]["max_p_due"] for c in only.cells] == [1e-3]
+    plain = sweep_of(axes=axes, include=[{"placement": {}}])
+    assert [c["placement"] for c in plain.cells] == [None]
+    rest = sweep_of(axes=axes, exclude=[{"placement": {"max_p_due": 1e-6}}])
+    assert len(rest.cells) == 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,14 @@ class Harness:
 
     ``root`` is a directory the harness may fill; :meth:`temporary` makes and removes one.
     ``seed`` seeds the tier's own generator (the random bytes of erasures) until a caller
-    sets :attr:`rng` per trial.
+    sets :attr:`rng` per trial. ``placement`` (an engine ``[placement]`` table) lets the
+    engine plan each block's bits and code from the tier's fault model instead of using the
+    tier's ``quant`` and ``ecc``.
     """
 
     def __init__(self, root: Path, tier: TierConfig, *, chunk_tokens: int = 256,
-                 raw: bool = False, seed: int = 0) -> None:
+                 raw: bool = False, seed: int = 0,
+                 placement: Mapping[str, Any] | None = None) -> None:
         from rkv.blockcodec import quantizer_for
 
         self.root = Path(root)
@@ -105,12 +109,15 @@ class Harness:
         self.quant = quantizer_for(tier.quant)
         self._owned = False
         if raw:
+            if placement:
+                raise ValueError("raw storage has no placement plan")
             self.tier = FaultyTier(LmdbTier(
                 TierSpec(tier.name, tier.capacity_bytes, tier.map_bytes, tier.sync),
                 self.root / "raw"), seed=seed)
             self.engine: Engine | None = None
         else:
-            cfg = EngineConfig(chunk_tokens=chunk_tokens, tiers=(tier,), repair=False)
+            cfg = EngineConfig(chunk_tokens=chunk_tokens, tiers=(tier,), repair=False,
+                               placement=dict(placement or {}))
             self.engine = Engine.open(self.root / "store", cfg)
             faulty = self.engine.wrap_tier(tier.name, lambda t: FaultyTier(t, seed=seed))
             assert isinstance(faulty, FaultyTier)

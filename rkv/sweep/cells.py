@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from rkv.errors import ConfigError
 from rkv.sweep.spec import campaign_kwargs, effective_code
 
 # SmolLM2-135M's KV shape: what cost cells store.
@@ -138,6 +137,11 @@ def measure(model: Any, windows: list[list[int]], transform: Any, prefix: int) -
 def _transform(cell: Mapping[str, Any]) -> Callable[..., Any]:
     from rkv.quality import RkvRoundTrip, raw_model_faults
 
+    if cell["placement"] is not None:
+        from rkv.sweep.planned import PlannedRoundTrip
+
+        return PlannedRoundTrip(cell)
+
     fm = {"preset": cell["preset"], **cell["params"]}
     chunk = cell["layout"]["chunk_tokens"]
     if cell["code"] == "raw":
@@ -158,13 +162,18 @@ def quality(cell: Mapping[str, Any]) -> dict[str, Any]:
     model, _ = smollm2(threads)
     wins = [list(w) for w in _windows(tuple(q["text"]), q["windows"], prefix + q["scored"],
                                       threads)]
-    res = measure(model, wins, _transform(cell), prefix)
+    transform = _transform(cell)
+    res = measure(model, wins, transform, prefix)
     ci = res.ci()
-    return {"windows": len(wins), "text": ",".join(q["text"]), "ppl": interval(ci["perplexity"]),
-            "ppl_ref": finite(statistics.fmean(w["ref_perplexity"] for w in res.per_window)),
-            "delta_ppl": interval(ci["delta_perplexity"]), "kl": interval(ci["kl"]),
-            "top1": interval(ci["top1"]), "due_blocks": int(res.report.get("due_blocks", 0)),
-            "recomputed_tokens": int(res.recomputed_tokens)}
+    plan = getattr(transform, "classes", None)
+    extra = {} if plan is None else {"plan": [{"bits": b, "code": c, "blocks": n}
+                                              for (b, c), n in sorted(plan.items())]}
+    return extra | {
+        "windows": len(wins), "text": ",".join(q["text"]), "ppl": interval(ci["perplexity"]),
+        "ppl_ref": finite(statistics.fmean(w["ref_perplexity"] for w in res.per_window)),
+        "delta_ppl": interval(ci["delta_perplexity"]), "kl": interval(ci["kl"]),
+        "top1": interval(ci["top1"]), "due_blocks": int(res.report.get("due_blocks", 0)),
+        "recomputed_tokens": int(res.recomputed_tokens)}
 
 
 # -- cost ------------------------------------------------------------------------------------
@@ -184,16 +193,23 @@ def cost(cell: Mapping[str, Any]) -> dict[str, Any]:
         return {"bytes_per_token": float(RAW_BYTES_PER_TOKEN),
                 "raw_bytes_per_token": float(RAW_BYTES_PER_TOKEN), "overhead": 0.0,
                 "put_gbps": None, "get_gbps": None}
-    tier = CampaignConfig(**campaign_kwargs(cell)).tier_config()
-    spec = ModelSpec("sweep/cost", n_layers=SMOLLM2_SHAPE["n_layers"],
-                     n_kv_heads=SMOLLM2_SHAPE["n_kv_heads"],
-                     head_dim=SMOLLM2_SHAPE["head_dim"], dtype="float16")
     root = Path(tempfile.mkdtemp(prefix="rkv-sweep-cost-"))
+    if cell["placement"] is not None:
+        from rkv.sweep.planned import engine_config, smollm2_fp16
+
+        cfg = engine_config(cell, root / "planned")
+        spec = smollm2_fp16()              # the profile's model: its plan applies
+    else:
+        cfg = EngineConfig(chunk_tokens=chunk, repair=False,
+                           tiers=(CampaignConfig(**campaign_kwargs(cell)).tier_config(),))
+        spec = ModelSpec("sweep/cost", n_layers=SMOLLM2_SHAPE["n_layers"],
+                         n_kv_heads=SMOLLM2_SHAPE["n_kv_heads"],
+                         head_dim=SMOLLM2_SHAPE["head_dim"], dtype="float16")
+    tier = cfg.tiers[0]
     puts: list[float] = []
     gets: list[float] = []
     try:
-        with Engine.open(root / "store", EngineConfig(chunk_tokens=chunk, tiers=(tier,),
-                                                      repair=False)) as e:
+        with Engine.open(root / "store", cfg) as e:
             for r in range(c["repeats"]):
                 tokens = list(range(r * n, (r + 1) * n))      # fresh keys: no dedup
                 t0 = time.perf_counter()
@@ -215,14 +231,20 @@ def cost(cell: Mapping[str, Any]) -> dict[str, Any]:
             "get_gbps": raw / statistics.median(gets) / 1e9}
 
 
+def _reliability(cell: Mapping[str, Any]) -> dict[str, Any]:
+    if cell["placement"] is not None:
+        from rkv.sweep.planned import reliability as planned
+
+        return planned(cell)
+    return reliability(cell)
+
+
 METRIC_FNS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-    "reliability": reliability, "quality": quality, "cost": cost}
+    "reliability": _reliability, "quality": quality, "cost": cost}
 
 
 def run_cell(config: Mapping[str, Any]) -> dict[str, Any]:
     """The row of one cell, without its ``key`` and ``sweep`` (the runner adds them)."""
-    if config["placement"] is not None:
-        raise ConfigError("planned cells (a [placement] table) do not run yet")
     row: dict[str, Any] = {"config": dict(config), "version": code_version(), "timings": {}}
     t_all = time.perf_counter()
     for metric in ("reliability", "quality", "cost"):

@@ -56,16 +56,24 @@ def _indexed(fn: Callable[[Any], Any], pair: tuple[int, Any]) -> tuple[int, Any]
     return pair[0], fn(pair[1])
 
 
+def _import_cells() -> None:
+    """Worker initializer: import what every cell needs (rkv, numpy, numba, the codecs)
+    while the pool starts, not inside the first cell each worker runs."""
+    import rkv.faults.campaign
+    import rkv.sweep.cells  # noqa: F401
+
+
 class ProcessExecutor(Executor):
     """A pool of ``workers`` spawned processes (spawn: no state inherited from the parent's
-    threads); items go one per task and are yielded as they complete. Closed after an
-    error or an interrupt, the pool is terminated at once rather than drained."""
+    threads) that import the cell code as they start; items go one per task and are yielded
+    as they complete. Like a Ray cluster, one pool may serve several sweeps. Closed after
+    an error or an interrupt, the pool is terminated at once rather than drained."""
 
     name = "process"
 
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
-        self._pool = mp.get_context("spawn").Pool(workers)
+        self._pool = mp.get_context("spawn").Pool(workers, initializer=_import_cells)
         self._clean = False
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:

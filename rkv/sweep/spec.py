@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rkv.errors import ConfigError
+from rkv.sweep.planned import PLANNED_CHUNKS, placement_table
 
 METRICS = ("reliability", "quality", "cost")
 TIERS = ("dram", "cxl", "nvme")
@@ -81,6 +82,9 @@ class ReliabilitySettings(_Strict):
     trials: int = Field(20, ge=1)
     blocks: int = Field(4, ge=1)
     sampling: Literal["auto", "direct", "conditional"] = "auto"
+    # Planned cells only: chunks of the put whose (bits, code) mix weighs their campaigns
+    # (unset: 2; left out of unplanned cells' keys).
+    chunks: int | None = Field(None, ge=1, le=64)
 
 
 class QualitySettings(_Strict):
@@ -214,8 +218,9 @@ def _matches(rule: Mapping[str, Any], cell: Mapping[str, Any]) -> bool:
         if key in ("params", "layout"):
             if not all(_one_of(v, got.get(k)) for k, v in want.items()):
                 return False
-        elif key == "placement":
-            if (got or {}) != want:
+        elif key == "placement":     # {} matches unplanned cells; else the keys it names
+            if (not want and got is not None) or (want and (
+                    got is None or not all(_same(v, got.get(k)) for k, v in want.items()))):
                 return False
         elif not _one_of(want, got):
             return False
@@ -297,7 +302,7 @@ def _param_axes(f: SweepFile, presets: list[str]) -> dict[str, list[dict[str, Sc
 def _settings(f: SweepFile, metrics: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "reliability" in metrics:
-        out["reliability"] = f.reliability.model_dump()
+        out["reliability"] = f.reliability.model_dump(exclude_none=True)
     if "quality" in metrics:
         q = f.quality.model_dump()
         q["text_digest"] = text_digest(q["text"])
@@ -361,14 +366,19 @@ def expand(f: SweepFile, source: str = "<sweep>") -> list[dict[str, Any]]:
             f.sweep.seeds):
         for prm in params[preset]:
             planned = placement is not None
+            cell_settings = settings
+            if planned and "reliability" in settings:
+                cell_settings = {**settings, "reliability": {"chunks": PLANNED_CHUNKS,
+                                                             **settings["reliability"]}}
             cell = {
                 "tier": tier, "preset": preset, "params": prm,
                 "ber_multiplier": float(mult), "hours": float(hours),
                 "bits": None if planned else bits,
                 "code": None if planned else (default_code(tier) if code == "default"
                                               else code),
-                "layout": lay_dict(layout), "placement": placement, "seed": seed,
-                "metrics": metrics, "settings": settings,
+                "layout": lay_dict(layout), "seed": seed, "metrics": metrics,
+                "placement": None if placement is None else placement_table(placement, hours),
+                "settings": cell_settings,
             }
             if f.include and not any(_matches(r, cell) for r in f.include):
                 continue
@@ -390,18 +400,17 @@ def lay_dict(layout: Layout) -> dict[str, Any]:
 
 
 def _check_placement(p: dict[str, Any], where: str) -> dict[str, Any] | None:
-    """A placement table, validated as the engine's ``[placement]``; empty means none.
-    Planned cells (the planner choosing bits and code per block) do not run yet."""
+    """A placement table, validated as the engine's ``[placement]`` (with the sweep's
+    defaults, :func:`rkv.sweep.planned.placement_table`); empty means none."""
     if not p:
         return None
     from rkv.placement import PlacementConfig
 
     try:
-        PlacementConfig.from_dict(p)
+        PlacementConfig.from_dict(placement_table(p, 24.0))
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    raise ConfigError(f"{where}: planned cells (a non-empty [placement] table) do not run "
-                      "yet; the table is valid, leave the axis out or use [{}] for now")
+    return p
 
 
 def describe(cell: Mapping[str, Any]) -> str:
@@ -415,10 +424,14 @@ def describe(cell: Mapping[str, Any]) -> str:
 
 def _check_cell(cell: dict[str, Any]) -> None:
     """A combination the engine cannot store is an error naming the cell (exclude it)."""
-    if cell["placement"] is not None:
-        return
     from rkv.faults.campaign import CampaignConfig
 
+    if cell["placement"] is not None:      # the tier and its model; the table is checked
+        try:
+            CampaignConfig(**campaign_kwargs({**cell, "bits": 16, "code": "none"}))
+        except ConfigError as exc:
+            raise ConfigError(f"cell {{{describe(cell)}}}: {exc}") from exc
+        return
     try:
         CampaignConfig(**campaign_kwargs(cell))
     except ConfigError as exc:
