@@ -1,4 +1,4 @@
-"""Record format v1: what a tier stores for one block.
+"""Record format v2: what a tier stores for one block (v1 records are still read).
 
 Layout (integers little-endian; see docs/format.md for the full byte map)::
 
@@ -21,8 +21,12 @@ checksum) followed by the codec configs as a JSON array (empty when no codec is 
     0    32  chunk key            48   2  layer u16          50  1  dtype code u8
     51    1  ndim u8 (= 4)        52  16  shape, 4 x u32     68  8  data_len u64
     76    8  payload_len u64      84   1  checksum alg u8    85 16  checksum
-    101   2  codec JSON length C  103  C  codec configs (UTF-8 JSON array)
-    (32..47: model fingerprint, 16 bytes)
+    101   8  written_ns u64       109  2  codec JSON length C  111  C  codec configs
+    (32..47: model fingerprint, 16 bytes; codec configs: a UTF-8 JSON array)
+
+``written_ns`` (version 2) is when the record was written, in ns since the Unix epoch (UTC),
+0 when unknown: the age that retention errors grow with, restarted by every rewrite. A v1
+body lacks it (the codec length follows the checksum at 101) and reads as unknown (None).
 
 The prelude is recovered by a bitwise majority vote over its three copies, so any error that
 hits one copy at each bit position is corrected. A header copy is used only when its own
@@ -54,7 +58,9 @@ from rkv.keys import KEY_BYTES
 from rkv.model import FINGERPRINT_BYTES, KV_DTYPES
 
 MAGIC = b"RKVB"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this build reads: 1 (no write time) and 2; it writes only FORMAT_VERSION.
+READ_VERSIONS = (1, 2)
 PRELUDE_BYTES = 8
 PRELUDE_COPIES = 3
 HEADER_COPIES = 3
@@ -67,7 +73,10 @@ _CHECKSUM_CODES = {1: CHECKSUM_ALG}
 _DTYPE_CODES = {1: "float16", 2: "bfloat16", 3: "float32"}
 _DTYPE_IDS = {v: k for k, v in _DTYPE_CODES.items()}
 assert set(_DTYPE_IDS) == set(KV_DTYPES)
-_BODY = struct.Struct("<32s16sHBB4IQQB16sH")
+_BODY_V1 = struct.Struct("<32s16sHBB4IQQB16sH")
+_BODY = struct.Struct("<32s16sHBB4IQQB16sQH")
+_BODIES = {1: _BODY_V1, 2: _BODY}
+_U64 = 1 << 64
 
 
 def data_checksum(data: Any) -> bytes:
@@ -88,8 +97,15 @@ class RecordHeader:
     payload_len: int              # bytes stored after the header (data after codecs)
     checksum: bytes = bytes(16)   # data_checksum(data)
     codecs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    #: When the record was written (ns since the Unix epoch, UTC); None: unknown (a v1
+    #: record, or a header that was never stamped; stored as 0).
+    written_ns: int | None = None
 
     def __post_init__(self) -> None:
+        if self.written_ns is not None and not (
+                type(self.written_ns) is int and 0 < self.written_ns < _U64):
+            raise InputError(f"record write time {self.written_ns!r} is not a positive u64 "
+                             "(ns since the epoch)")
         if (len(self.key) != KEY_BYTES or len(self.fingerprint) != FINGERPRINT_BYTES
                 or len(self.checksum) != 16):
             raise InputError("record key, fingerprint and checksum have fixed sizes")
@@ -103,16 +119,24 @@ class RecordHeader:
                   if self.codecs else b"")
         return _BODY.pack(
             self.key, self.fingerprint, self.layer, _DTYPE_IDS[self.dtype], len(self.shape),
-            *self.shape, self.data_len, self.payload_len, 1, self.checksum, len(codecs),
+            *self.shape, self.data_len, self.payload_len, 1, self.checksum,
+            self.written_ns or 0, len(codecs),
         ) + codecs
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> RecordHeader:
-        """Parse and validate a header body; anything malformed is a CorruptRecordError."""
-        if len(raw) < _BODY.size:
+    def from_bytes(cls, raw: bytes, version: int = FORMAT_VERSION) -> RecordHeader:
+        """Parse and validate a header body of record format ``version`` (its prelude's);
+        anything malformed is a CorruptRecordError."""
+        body = _BODIES.get(version)
+        if body is None:
+            raise UnknownFormatError(f"record format version {version} is not supported")
+        if len(raw) < body.size:
             raise CorruptRecordError("record header body is too short")
+        fields = body.unpack_from(raw)
+        if version == 1:
+            fields = (*fields[:-1], 0, fields[-1])
         (key, fp, layer, dtype_id, ndim, s0, s1, s2, s3, data_len, payload_len, alg,
-         checksum, clen) = _BODY.unpack_from(raw)
+         checksum, written, clen) = fields
         dtype = _DTYPE_CODES.get(dtype_id)
         if dtype is None:
             raise CorruptRecordError(f"unknown dtype code {dtype_id}")
@@ -120,12 +144,12 @@ class RecordHeader:
             raise UnknownFormatError(f"unknown checksum algorithm code {alg}")
         if ndim != 4 or s0 != 2:
             raise CorruptRecordError(f"bad block shape {[s0, s1, s2, s3][:ndim]}")
-        if len(raw) != _BODY.size + clen:
+        if len(raw) != body.size + clen:
             raise CorruptRecordError("record header length does not match its codec list")
         codecs: tuple[dict[str, Any], ...] = ()
         if clen:
             try:
-                parsed = json.loads(raw[_BODY.size:].decode("utf-8"))
+                parsed = json.loads(raw[body.size:].decode("utf-8"))
             except ValueError as exc:
                 raise CorruptRecordError(f"record codec list is not valid JSON: {exc}") from exc
             if type(parsed) is not list or not parsed or not all(
@@ -138,7 +162,8 @@ class RecordHeader:
         for name, value in (("key", key), ("layer", layer), ("fingerprint", fp),
                             ("shape", (s0, s1, s2, s3)), ("dtype", dtype),
                             ("data_len", data_len), ("payload_len", payload_len),
-                            ("checksum", checksum), ("codecs", codecs)):
+                            ("checksum", checksum), ("codecs", codecs),
+                            ("written_ns", written or None)):
             object.__setattr__(obj, name, value)
         return obj
 
@@ -294,7 +319,7 @@ def decode_record(
         if pre[:4] != MAGIC:
             continue
         magic_seen = True
-        if pre[4] != FORMAT_VERSION:
+        if pre[4] not in READ_VERSIONS:
             raise UnknownFormatError(f"record format version {pre[4]} is not supported")
         if pre[5] != 0:
             raise UnknownFormatError(f"record flags {pre[5]:#x} are not supported")
@@ -308,7 +333,7 @@ def decode_record(
     pre, hlen, body, repairs = found
     repairs += sum(p != pre for p in (p0, p1, p2))
     start = payload_offset(hlen)
-    header = RecordHeader.from_bytes(body)
+    header = RecordHeader.from_bytes(body, pre[4])
     if total != start + header.payload_len + hlen + PRELUDE_BYTES:
         raise TruncatedRecordError(
             f"record is {total} bytes, header says "

@@ -29,8 +29,9 @@ from rkv import (
 from rkv.demo import synthetic_kv
 from rkv.keys import block_key
 
-#: Bytes of one 16-token chunk of SMALL (3 layers) with no ECC, as the engine accounts it.
-CHUNK = 2661
+#: Bytes of one 16-token chunk of SMALL (3 layers) with no ECC, as the engine accounts it
+#: (record format 2: each header copy carries the write time).
+CHUNK = 2685
 
 
 def toks(n: int, seed: int = 0) -> list[int]:
