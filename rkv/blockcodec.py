@@ -220,20 +220,30 @@ def read_block(dec: DecodedRecord, dest: np.ndarray | None,
 
 
 def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
-             erased: Sequence[tuple[int, int]] = ()) -> Any:
+             erased: Sequence[tuple[int, int]] = (), written_ns: int | None = None) -> Any:
     """The block re-encoded with ``codec`` (its quantization kept), from verified, corrected
     data: used to move a block to a tier with another ECC and to repair it in place.
     ``erased``: record ranges the medium reported unreadable (the record is always
     rewritten then). A degraded block is returned as it is: re-encoding would make its
-    unverified part look verified. Raises IntegrityError when the block cannot be
-    verified."""
+    unverified part look verified. ``written_ns``: the time of this rewrite, stamped in
+    the header (a block written anew starts aging anew; its payload is kept byte for byte
+    when nothing else changes). None keeps the record's own time. Raises IntegrityError
+    when the block cannot be verified."""
     quant, old = header_stages(dec.header)
     data, corrected, degraded = _verified_data(dec, old, erased)
+    stamp = dec.header.written_ns if written_ns is None else written_ns
     if degraded or (old == codec and not corrected and not dec.header_repairs and not erased):
-        return record
+        return record if stamp == dec.header.written_ns else restamp(dec, stamp)
     if codec is not None:
         # A quantized block moving to a tier laid out in byte planes gets their strict code.
         codec = codec.for_quantized() if quant is not None else \
             codec.for_itemsize(np.dtype(numpy_dtype(dec.header.dtype)).itemsize)
     raw = np.frombuffer(bytes(data), dtype=np.uint8)
-    return _encode_data(replace(dec.header, checksum=bytes(16)), raw, quant, codec)
+    return _encode_data(replace(dec.header, checksum=bytes(16), written_ns=stamp), raw, quant,
+                        codec)
+
+
+def restamp(dec: DecodedRecord, written_ns: int | None) -> Any:
+    """The record with its header saying ``written_ns`` and its payload exactly as it was
+    (checksum and codecs unchanged, so a damaged payload stays detectably damaged)."""
+    return encode_record(replace(dec.header, written_ns=written_ns), dec.payload)

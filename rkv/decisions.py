@@ -97,8 +97,11 @@ class Decisions:
     """Policies per tier and every decision that uses them (see the module docstring)."""
 
     def __init__(self, ix: Index, tiers: dict[str, Tier], config: EngineConfig,
-                 codecs: dict[str, Any], placement: Any = None) -> None:
+                 codecs: dict[str, Any], placement: Any = None,
+                 clock: Callable[[], int] = time.time_ns) -> None:
         self.ix, self.tiers, self.config, self.codecs = ix, tiers, config, codecs
+        #: Write times of moved records (ns since the epoch; the engine's clock).
+        self.clock = clock
         #: Plans a moving block's code for its new tier (None: the tier's codec).
         self.placement = placement
         #: Learns expected reuse and residency for placement (policies.estimate), or None.
@@ -400,6 +403,7 @@ class Decisions:
 
         blocks, moved = [], []
         pipes = [meta.pipe(layer) for layer in range(len(meta.blocks))]
+        written = [meta.written_at(layer) for layer in range(len(meta.blocks))]
         xform = Transcode(self, dst, stats, txn, key, meta, reason is Reason.DEMOTED)
         try:
             for layer, (tier, size) in enumerate(meta.blocks):
@@ -408,6 +412,7 @@ class Decisions:
                     new_size = pending.move(bkey, src, dst, xform)
                     moved.append(bkey)
                     tier, size, pipes[layer] = dst, new_size, xform.label
+                    written[layer] = xform.written or written[layer]
                 blocks.append((tier, size))
         except IntegrityError as exc:
             # A record that cannot be read (missing, damaged page) makes the chunk useless:
@@ -419,7 +424,7 @@ class Decisions:
             self.removed(key, Reason.UNCORRECTABLE)
             stats["dropped_damaged"] += 1
             return True
-        new = meta.with_(blocks=tuple(blocks), pipes=tuple(pipes))
+        new = meta.with_(blocks=tuple(blocks), pipes=tuple(pipes), written=tuple(written))
         self.ix.put_chunk(txn, key, new, meta)
         self.policies[src].on_remove(key, reason)
         if key in self.policies[dst]:

@@ -8,7 +8,7 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import ExitStack
 from functools import partial
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rkv.ages import BlockAge, Clock, block_ages
 from rkv.blockcodec import codec_for, quantizer_for
 from rkv.config import EngineConfig
 from rkv.decisions import Decisions
@@ -83,13 +84,16 @@ class Engine:
         self._closed = False
         self._lock = threading.RLock()
         self._counters: Counter[str] = Counter()
+        #: Ns since the epoch, stamped on every record written (settable: fake/fast time).
+        self.clock: Clock = time.time_ns
         #: Test hooks of the mutation protocol (see :mod:`rkv.txn`).
         self.hooks: Hooks = {}
         self._mutator = Mutator(index.env, tiers, self.hooks)
         from rkv.placement.engine_plans import EnginePlacement
 
         self._placement = EnginePlacement.for_engine(config)
-        self._decide = Decisions(index, tiers, config, self._codecs, self._placement)
+        self._decide = Decisions(index, tiers, config, self._codecs, self._placement,
+                                 lambda: self.clock())
         self._reads = ReadPath(index, tiers)
         self.dropped_at_open = 0
         #: The index format this open upgraded from (None: it was current).
@@ -464,15 +468,14 @@ class Engine:
 
     # -- inspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Store contents, tier usage and this session's counters."""
+        """Store contents, tier usage, block ages per tier and this session's counters."""
         from rkv.upkeep import stats
 
-        self._check()
-        with self._lock:
-            session = dict(self._counters)
-            if self._decide.fallbacks:
-                session["placement_fallbacks"] = self._decide.fallbacks
-        return stats(self, session)
+        return stats(self)
+
+    def block_ages(self, tier: str | None = None) -> Iterator[BlockAge]:
+        """Each stored block (of ``tier``) with its write time and age by :attr:`clock`."""
+        return block_ages(self, tier)
 
     def verify(self, *, progress: Callable[[int, int], None] | None = None,
                repair: bool = False) -> VerifyReport:
@@ -494,7 +497,4 @@ class Engine:
     def _repair(self, items: list[tuple[bytes, int, str]]) -> int:
         from rkv.upkeep import repair_blocks
 
-        repaired = repair_blocks(self, items)
-        with self._lock:
-            self._counters["blocks_repaired"] += repaired
-        return repaired
+        return repair_blocks(self, items)

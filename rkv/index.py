@@ -3,8 +3,9 @@
 One LMDB environment at ``<store>/index`` with named databases:
 
 * ``chunks``: chunk key (32 bytes) -> :class:`ChunkMeta` as JSON (since the stored mix,
-  with an optional per-layer pipeline label, ``"<bits>/<code>"``: entries without it load
-  with the labels unknown, so the format number did not change);
+  with an optional per-layer pipeline label, ``"<bits>/<code>"``, and since record format 2
+  an optional per-layer write time: entries without them load with them unknown, so the
+  format number did not change);
 * ``kids``: ``parent key | child key`` -> empty, so a chunk's children can be listed (and a
   chunk is a leaf when it has none);
 * ``lru``: unused since format 3 (format 2 kept an access-ordered row per chunk and tier here;
@@ -86,6 +87,32 @@ def _labels(raw: Any, n_blocks: int) -> tuple[str, ...]:
     return tuple([labels[i] for i in idx])
 
 
+def _times(raw: Any, n_blocks: int) -> tuple[int, ...]:
+    """The per-layer write times of an entry's ``w`` field (``{"t": distinct ns, "l":
+    indices}``, -1 for a layer whose time is unknown, 0 in the result); CorruptStoreError
+    for anything malformed."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or set(raw) != {"t", "l"}:
+        raise CorruptStoreError("corrupt index entry: write times are malformed")
+    times, idx = raw["t"], raw["l"]
+    if not (isinstance(times, list) and isinstance(idx, list) and len(idx) == n_blocks
+            and len(times) <= n_blocks):
+        raise CorruptStoreError("corrupt index entry: write times do not match its blocks")
+    if times and (set(map(type, times)) != {int} or min(times) < 1 or max(times) >= 1 << 64):
+        raise CorruptStoreError("corrupt index entry: bad write time")
+    if idx and (set(map(type, idx)) != {int} or min(idx) < -1 or max(idx) >= len(times)):
+        raise CorruptStoreError("corrupt index entry: write time index out of range")
+    return tuple([[*times, 0][i] for i in idx])
+
+
+def _palette(values: tuple[Any, ...], n: int, unknown: Any) -> tuple[list[Any], list[int]]:
+    """(distinct known values, sorted; per layer of ``n`` its index, -1 when unknown)."""
+    pal = sorted({v for v in values if v != unknown})
+    at = {v: i for i, v in enumerate(pal)}
+    return pal, [at.get(values[i], -1) if i < len(values) else -1 for i in range(n)]
+
+
 @lru_cache(maxsize=256)
 def _label_ok(label: str) -> bool:
     return len(label) <= _LABEL_MAX and _LABEL.fullmatch(label) is not None
@@ -106,10 +133,20 @@ class ChunkMeta:
     #: Per layer, the block's pipeline label (:func:`pipe_label`); "" where unknown, and
     #: () when no layer's is known (entries written before labels existed).
     pipes: tuple[str, ...] = ()
+    #: Per layer, when its record was last written (ns since the epoch, the engine's
+    #: clock); 0 where unknown, and () when no layer's is known (entries written before
+    #: write times existed). Every write of a record, in place or into another tier, sets it.
+    written: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.pipes and not any(self.pipes):
             object.__setattr__(self, "pipes", ())
+        if self.written and not any(self.written):
+            object.__setattr__(self, "written", ())
+
+    def written_at(self, layer: int) -> int:
+        """Layer ``layer``'s write time in ns, 0 when unknown."""
+        return self.written[layer] if layer < len(self.written) else 0
 
     def pipe(self, layer: int) -> str:
         """Layer ``layer``'s pipeline label, "" when unknown."""
@@ -131,10 +168,11 @@ class ChunkMeta:
             "fp": self.fingerprint.hex(), "b": [list(b) for b in self.blocks],
             "e": self.end, "pin": self.pins, "at": self.at}
         if self.pipes:
-            pal = sorted({lab for lab in self.pipes if lab})
-            at = {lab: i for i, lab in enumerate(pal)}
-            d["q"] = {"p": pal, "l": [at.get(self.pipe(i), -1)
-                                      for i in range(len(self.blocks))]}
+            pal, idx = _palette(self.pipes, len(self.blocks), "")
+            d["q"] = {"p": pal, "l": idx}
+        if self.written:
+            times, idx = _palette(self.written, len(self.blocks), 0)
+            d["w"] = {"t": times, "l": idx}
         return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
@@ -147,6 +185,7 @@ class ChunkMeta:
                 fingerprint=bytes.fromhex(d["fp"]), blocks=blocks,
                 end=bool(d["e"]), pins=int(d["pin"]), at=int(d["at"]),
                 pipes=_labels(d.get("q"), len(blocks)),
+                written=_times(d.get("w"), len(blocks)),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptStoreError(f"corrupt index entry: {exc}") from exc
@@ -156,13 +195,16 @@ class ChunkMeta:
         return meta
 
     def with_(self, **changes: Any) -> ChunkMeta:
-        """A copy with ``changes``. New ``blocks`` without new ``pipes`` forget the labels of
-        the layers whose block changed (never a stale label)."""
+        """A copy with ``changes``. New ``blocks`` without new ``pipes`` (``written``) forget
+        the labels (write times) of the layers whose block changed (never a stale one)."""
         blocks = changes.get("blocks")
-        if blocks is not None and "pipes" not in changes and self.pipes:
-            changes["pipes"] = tuple(
-                self.pipe(i) if i < len(self.blocks) and self.blocks[i] == b else ""
-                for i, b in enumerate(blocks))
+        if blocks is not None:
+            same = [i < len(self.blocks) and self.blocks[i] == b for i, b in enumerate(blocks)]
+            if "pipes" not in changes and self.pipes:
+                changes["pipes"] = tuple(self.pipe(i) if s else "" for i, s in enumerate(same))
+            if "written" not in changes and self.written:
+                changes["written"] = tuple(self.written_at(i) if s else 0
+                                           for i, s in enumerate(same))
         return replace(self, **changes)
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rkv.ages import TierAges, now_ns
 from rkv.blockcodec import header_stages, reencode
 from rkv.decisions import free_chunk
 from rkv.errors import (
@@ -252,6 +253,7 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
 
     def fn(txn: Any, pending: Pending) -> int:
         done = 0
+        stamp = now_ns(engine.clock)    # a rewrite: the block starts aging anew
         for key, layer, tier in items:
             try:
                 meta = ix.get_chunk(txn, key)
@@ -265,32 +267,38 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
                 quant, codec = header_stages(dec.header)
                 if engine._placement is None:
                     codec = engine._codecs[tier]
-                rec = reencode(record, dec, codec, erased)
+                rec = reencode(record, dec, codec, erased, stamp)
             except IntegrityError:
                 continue  # no longer correctable (or unreadable): reads keep reporting it
             size = memoryview(rec).nbytes
-            label = stages_label(quant, codec)
-            if size != meta.blocks[layer][1] or label != meta.pipe(layer):
-                if size != meta.blocks[layer][1]:
-                    engine._decide.invalidate()   # a policy's idea of the chunk's size changed
-                blocks = list(meta.blocks)
-                blocks[layer] = (tier, size)
-                pipes = [meta.pipe(i) for i in range(len(blocks))]
-                pipes[layer] = label
-                ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks), pipes=tuple(pipes)),
-                             meta)
+            if size != meta.blocks[layer][1]:
+                engine._decide.invalidate()   # a policy's idea of the chunk's size changed
+            blocks, pipes = list(meta.blocks), [meta.pipe(i) for i in range(len(meta.blocks))]
+            written = [meta.written_at(i) for i in range(len(blocks))]
+            blocks[layer], pipes[layer], written[layer] = (tier, size), \
+                stages_label(quant, codec), stamp
+            ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks), pipes=tuple(pipes),
+                                              written=tuple(written)), meta)
             pending.write(tier, bkey, rec, size)
             done += 1
         return done
 
-    return int(engine._mutate(fn))
+    repaired = int(engine._mutate(fn))
+    engine._count(blocks_repaired=repaired)
+    return repaired
 
 
-def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
-    """Store contents, tier usage and ``session`` counters (see :meth:`Engine.stats`)."""
+def stats(engine: Engine) -> dict[str, Any]:
+    """Store contents, tier usage, block ages and this session's counters (see
+    :meth:`Engine.stats`)."""
+    engine._check()
+    with engine._lock:
+        session = dict(engine._counters)
+        if engine._decide.fallbacks:
+            session["placement_fallbacks"] = engine._decide.fallbacks
     ix = engine._index
     chunks = pinned = tokens = unreadable = shared = 0
-    mix = Mix()
+    mix, ages = Mix(), TierAges(now_ns(engine.clock))
     with ix.env.read() as txn:
         usage = ix.usage(txn)
         models = ix.models(txn)
@@ -303,6 +311,7 @@ def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
             pinned += m.pins > 0
             tokens += m.n_tokens
             mix.add(m)
+            ages.add(m)
             shared += kids.get(key, 0) + int(m.end) > 1
     tiers = {}
     for name in engine._order:
@@ -311,6 +320,7 @@ def stats(engine: Engine, session: dict[str, int]) -> dict[str, Any]:
             "medium": tc.medium, "blocks": usage.blocks(name), "bytes": usage.bytes(name),
             "capacity_bytes": tc.capacity_bytes, "fault_model": tc.fault_model,
             "ecc": tc.ecc, **engine._tiers[name].stats(), "mix": mix.tier(name),
+            "ages": ages.tier(name),
         }
     placed: dict[str, Any] = {}
     if engine._placement is not None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from policies.base import Item, Reason
+from rkv.ages import now_ns as stamped
 from rkv.blockcodec import encode_block
 from rkv.decisions import RECOMPUTE_TPS, Protected, free_chunk
 from rkv.errors import ConfigError, CorruptStoreError
@@ -105,6 +106,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     ix.put_model(txn, fp, json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode())
     now_ns = time.time_ns()
     now = now_ns / 1e9
+    stamp = stamped(engine.clock)      # the records' write time, by the engine's clock
     mine: set[bytes] = set()
     protect = Protected(mine, decide, txn)
     stats: Counter[str] = Counter()
@@ -125,7 +127,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
         start, end = plan.bounds[i]
         header = RecordHeader(key=key, layer=0, fingerprint=fp,
                               shape=spec.block_shape(end - start), dtype=spec.dtype,
-                              data_len=0, payload_len=0)
+                              data_len=0, payload_len=0, written_ns=stamp)
 
         def chunk_size(tier: str, i: int = i) -> int:
             return sum(planned.sizes(tier, i))
@@ -150,7 +152,8 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
         meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
                          fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,
                                                           layer_sizes, strict=True)),
-                         at=now_ns, pipes=tuple(pipeline_label(p) for p in pipes))
+                         at=now_ns, pipes=tuple(pipeline_label(p) for p in pipes),
+                         written=(stamp,) * spec.n_layers)
         ix.put_chunk(txn, key, meta, None)
         decide.inserted(key, meta, tier, now)
         written += 1

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import struct
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -143,7 +144,7 @@ def encode_expert(fp: bytes, layer: int, expert: int, block: np.ndarray, dtype: 
     """The record of one expert's block under ``pipe`` (quantizer, then code)."""
     header = RecordHeader(key=expert_key(fp, layer, expert, variant), layer=layer,
                           fingerprint=fp, shape=tuple(block.shape), dtype=dtype,
-                          data_len=0, payload_len=0)
+                          data_len=0, payload_len=0, written_ns=time.time_ns())
     p = pipe.for_block(header.shape, dtype)
     return encode_block(header, block, p.codec, quant=p.quant)
 
@@ -189,8 +190,9 @@ def read_expert(reader: TierReader, fp: bytes, layer: int, expert: int, info: Ex
         raise UncorrectableError("expert record read back degraded (a tolerant byte plane "
                                  "failed): weights are never returned unverified")
     fixed = bool(v.corrected or dec.header_repairs or erased)
-    rewrite = _copy(reencode(rec, dec, codec, erased)) if fixed and repair else None
-    healed = _copy(reencode(rec, dec, heal_codec, erased)) if heal else None
+    now = time.time_ns()      # a rewritten record's write time (its age restarts)
+    rewrite = _copy(reencode(rec, dec, codec, erased, now)) if fixed and repair else None
+    healed = _copy(reencode(rec, dec, heal_codec, erased, now)) if heal else None
     return Verified(unpack(dest, info.n, info.d), int(v.corrected or fixed),
                     memoryview(rec).nbytes, rewrite, healed)
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rkv.ages import now_ns
 from rkv.blockcodec import encode_block, header_stages, read_block, reencode
 from rkv.errors import ConfigError, IntegrityError
 from rkv.index import ChunkMeta, label_parts
@@ -61,16 +62,20 @@ def record_label(record: Any, dec: DecodedRecord | None = None) -> str:
 
 
 def requantize(dec: DecodedRecord, pipe: Pipeline,
-               erased: tuple[tuple[int, int], ...] = ()) -> Any | None:
-    """The block's verified values quantized and coded by ``pipe`` (None: the block came
-    back degraded, so its values are not all verified and it must not be rewritten).
-    Raises IntegrityError when it cannot be verified."""
+               erased: tuple[tuple[int, int], ...] = (),
+               written_ns: int | None = None) -> Any | None:
+    """The block's verified values quantized and coded by ``pipe``, stamped ``written_ns``
+    (None: the record's own time). None when the block came back degraded, so its values
+    are not all verified and it must not be rewritten. Raises IntegrityError when it
+    cannot be verified."""
     h = dec.header
     values = np.empty(h.shape, dtype=numpy_dtype(h.dtype))
     got = read_block(dec, values, erased)
     if getattr(got, "degraded", 0):
         return None
-    return encode_block(replace(h, checksum=bytes(16)), values, pipe.codec, None, pipe.quant)
+    stamp = h.written_ns if written_ns is None else written_ns
+    return encode_block(replace(h, checksum=bytes(16), written_ns=stamp), values, pipe.codec,
+                        None, pipe.quant)
 
 
 class LossyPlans:
@@ -112,8 +117,11 @@ class LossyPlans:
 
 
 class Transcode:
-    """Re-encodes the blocks of one chunk moving into ``tier`` (see the module docstring).
-    ``label``: the pipeline label of the record it last returned ("" unknown)."""
+    """Re-encodes the blocks of one chunk moving into ``tier`` (see the module docstring),
+    each stamped with the move's time (the decisions' clock, read once per chunk): a block
+    written into another tier starts aging anew. ``label``: the pipeline label of the record
+    it last returned ("" unknown); ``written``: its write time (0: the record moved as it
+    was, unreadable, so its time is what it was)."""
 
     def __init__(self, decide: Decisions, tier: str, stats: Counter[str],
                  txn: Any = None, key: bytes = b"", meta: ChunkMeta | None = None,
@@ -123,27 +131,31 @@ class Transcode:
         placement = decide.placement
         self.lossy = bool(lossy and placement is not None and placement.cfg.lossy_demotion)
         self.label = ""
+        self.now = now_ns(decide.clock)
+        self.written = 0
         self._slack: float | None = None    # the chunk's KL headroom, once computed
 
     def __call__(self, record: Any, erased: tuple[tuple[int, int], ...] = ()) -> Any:
         dec = None
+        self.written = 0
         try:
             dec = decode_record(record)
             quant, _ = header_stages(dec.header)
             codec, fewer = self.decide.codecs[self.tier], None
             if self.decide.placement is not None and self.meta is not None:
                 codec, fewer = self._planned(dec, 16 if quant is None else int(quant.bits))
-            out = None if fewer is None else requantize(dec, fewer, erased)
+            out = None if fewer is None else requantize(dec, fewer, erased, self.now)
             if out is not None:
                 self.decide.lossy += 1
                 self.stats["lossy"] += 1
             else:
-                out = reencode(record, dec, codec, erased)
+                out = reencode(record, dec, codec, erased, self.now)
         except IntegrityError:
             # Moves unchanged, so its reads still report it (never silently "repaired").
             self.stats["moved_corrupt"] += 1
             self.label = "" if dec is None else record_label(record, dec)
             return record
+        self.written = self.now
         if out is not record:
             self.stats["reencoded"] += 1
             self.label = record_label(out)
