@@ -13,6 +13,7 @@ COMMANDS: list[str] = [
     "rkv.moe.cli:add_moe_parser",
     "rkv.sweep.report_cli:register",
     "rkv.sweep.cli:register",
+    "rkv.scrub_cli:register",
 ]
 
 

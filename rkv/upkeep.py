@@ -246,15 +246,25 @@ def _reclaim(engine: Engine, txn: Any, pending: Pending) -> tuple[int, bool]:
 
 
 def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
-    """Rewrite blocks that needed correction, from their stored record: verified, corrected
-    and re-encoded (quantized values are kept, never re-quantized) with their tier's ECC,
-    or with placement the code the record has (it was planned for this tier)."""
+    """Rewrite blocks that needed correction (:func:`rewrite_blocks`); how many were."""
+    repaired = sum(rewrite_blocks(engine, items))
+    engine._count(blocks_repaired=repaired)
+    return repaired
+
+
+def rewrite_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> list[bool]:
+    """Rewrite blocks from their stored record, in one transaction: verified, corrected and
+    re-encoded (quantized values are kept, never re-quantized) with their tier's ECC, or
+    with placement the code the record has (it was planned for this tier), and stamped
+    with the engine's clock (a rewrite is a refresh). Per item, whether it was rewritten:
+    not when it moved, was freed or is no longer correctable meanwhile."""
     ix = engine._index
 
-    def fn(txn: Any, pending: Pending) -> int:
-        done = 0
+    def fn(txn: Any, pending: Pending) -> list[bool]:
+        done: list[bool] = []
         stamp = now_ns(engine.clock)    # a rewrite: the block starts aging anew
         for key, layer, tier in items:
+            done.append(False)
             try:
                 meta = ix.get_chunk(txn, key)
                 if meta is None or meta.blocks[layer][0] != tier:
@@ -280,12 +290,10 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
             ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks), pipes=tuple(pipes),
                                               written=tuple(written)), meta)
             pending.write(tier, bkey, rec, size)
-            done += 1
+            done[-1] = True
         return done
 
-    repaired = int(engine._mutate(fn))
-    engine._count(blocks_repaired=repaired)
-    return repaired
+    return list(engine._mutate(fn))
 
 
 def stats(engine: Engine) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Bounded stress: writers, a deleter, a clearer and readers on one store, then an audit.
+"""Bounded stress: writers, a deleter, a clearer, readers and a patrol scrubber on one store,
+then an audit.
 
 Sequences share prefixes (some are whole chunk-aligned prefixes of others) and the upper tiers
 are tiny, so chunks are demoted all the time while they are read, deleted and cleared. Every
@@ -7,6 +8,8 @@ it returns (CLOCK_MONOTONIC is one clock for every process of the machine), so t
 tell which operations certainly did not overlap:
 
 * no worker sees any exception (the last tier never fills, ``on_full`` is ``evict``);
+* the scrubber (every block past its refresh age, so each pass rewrites everything it finds)
+  never loses a block: nothing is damaged, so a block it cannot read back was lost by a race;
 * a reader never gets an ``uncorrectable`` block, and the KV it gets is always exactly the
   synthetic KV of the prefix it was returned for;
 * a read reports ``missing`` blocks only while some delete or clear runs, and a writer's
@@ -35,6 +38,7 @@ from rkvtest import SMALL, local_config
 
 from rkv import Engine, EngineConfig
 from rkv.demo import synthetic_kv
+from rkv.scrub import ScrubConfig, scrub
 
 CHUNK = 16
 CAPS = (64 << 10, 256 << 10, 64 << 20)    # dram, cxl tiny: demotions all the time
@@ -46,7 +50,7 @@ PROC_RUN_S = 20.0
 THREAD_RUN_S = 8.0
 
 #: (role, how many)
-ROLES = (("writer", 2), ("deleter", 1), ("clearer", 1), ("reader", 2))
+ROLES = (("writer", 2), ("deleter", 1), ("clearer", 1), ("reader", 2), ("scrubber", 1))
 OK_STATUSES = ("ok", "corrected", "missing")
 
 
@@ -108,7 +112,7 @@ def _worker(role: str, wid: int, path: str, run_s: float, log_path: str, barrier
                     if time.monotonic() >= deadline:
                         break
                     next_clear = time.monotonic() + CLEAR_EVERY_S
-                elif role == "deleter":
+                elif role in ("deleter", "scrubber"):
                     time.sleep(float(rng.uniform(0.0, 0.005)))
                 i = int(rng.integers(len(seqs)))
                 s = seqs[i]
@@ -122,6 +126,9 @@ def _worker(role: str, wid: int, path: str, run_s: float, log_path: str, barrier
                         res = engine.delete(s, model=SMALL)
                     elif role == "clearer":
                         res = engine.clear()
+                    elif role == "scrubber":
+                        res = scrub(engine, ScrubConfig(
+                            refresh_hours={t: 1e-12 for t in engine.tiers}, batch=8))
                     else:
                         res = engine.get(s, model=SMALL)
                 except BaseException:
@@ -135,6 +142,13 @@ def _worker(role: str, wid: int, path: str, run_s: float, log_path: str, barrier
                     errors += bool(problem)
                     record(op=role, s=i, t0=t0, t1=t1, n=res.n_tokens,
                            missing=res.counts["missing"], err=problem or None)
+                    continue
+                if role == "scrubber":
+                    lost = res.total("lost") + res.total("repaired")
+                    errors += bool(lost)
+                    record(op=role, s=i, t0=t0, t1=t1, refreshed=res.total("refreshed"),
+                           err=f"{lost} blocks lost or repaired: {res.render()}" if lost
+                           else None)
                     continue
                 record(op=role, s=i, t0=t0, t1=t1)
                 if role == "writer":
@@ -193,8 +207,10 @@ def _audit(path: str, ops: list[dict[str, Any]]) -> list[str]:
     problems = [f"worker {o['w']} ({o['role']}) {o['op']} seq {o.get('s')}: {o['err']}"
                 for o in ops if o.get("err")]
     roles = {o["role"] for o in ops if o["op"] == o["role"]}
-    problems += [f"no {r} ran" for r in ("writer", "deleter", "reader", "clearer")
+    problems += [f"no {r} ran" for r in ("writer", "deleter", "reader", "clearer", "scrubber")
                  if r not in roles]
+    if not any(o.get("refreshed") for o in ops if o["op"] == "scrubber"):
+        problems.append("the scrubber never rewrote a block")
     seqs = sequences()
     problems += _audit_reads(ops)
     # A put P of S is durable when P started after every delete(S) and every clear() had

@@ -1,0 +1,474 @@
+"""Patrol scrubbing: read stored blocks within a bandwidth budget, riskiest first, and act
+before latent errors outgrow the code.
+
+One pass (:meth:`Scrubber.run`) lists every stored block from the index (no record reads),
+orders them by risk and reads each through the real read path (verified, copied nowhere):
+
+* **risk**: the block's age over its tier's refresh age (the age at which the tier's fault
+  model says an untouched block passes the target P(DUE), :mod:`rkv.faults.schedule`), plus
+  one for a block this scrubber saw corrected on an earlier pass (a fault that stays in
+  place); blocks of unknown age (written before records carried their time) count as due;
+  ties go to the most recently used chunk (the one most likely to be read again).
+* **corrected** blocks (ECC symbols, header copies or erasures repaired) are rewritten from
+  their corrected data, as a read with ``repair`` does; blocks **past the refresh age** are
+  rewritten as they are (restamped: a rewrite is a refresh, NAND retention starts over).
+* **uncorrectable** blocks are repaired from a verified copy of the same block in another
+  tier when one exists, else their chunk is dropped from the index (counted as lost; a read
+  would recompute it anyway, and the dropped entry no longer costs a failed read).
+
+Reads happen outside the writer lock; every rewrite or drop is a short transaction of at
+most ``batch`` blocks that re-checks the index entry (a block moved or evicted meanwhile is
+skipped), so readers and writers keep going. A pass killed at any point leaves a consistent
+store: each transaction commits whole or not at all, and records are written before the
+index points at them (the engine's own ordering). ``stop`` (a :class:`threading.Event`) ends
+a pass between blocks; the report says it was interrupted.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rkv.errors import ConfigError, IntegrityError
+from rkv.keys import block_key
+from rkv.model import ModelSpec
+from rkv.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE
+
+if TYPE_CHECKING:
+    from rkv.engine import Engine
+
+NS_PER_HOUR = 3600 * 10**9
+ACTIONS = ("scanned", "ok", "corrected", "refreshed", "repaired", "lost", "skipped")
+
+
+@dataclass
+class TierScrub:
+    """What a pass did in one tier."""
+
+    scanned: int = 0
+    bytes_read: int = 0
+    ok: int = 0
+    corrected: int = 0          # read with corrections and rewritten
+    refreshed: int = 0          # past the refresh age and rewritten
+    repaired: int = 0           # uncorrectable, rebuilt from a copy in another tier
+    lost: int = 0               # uncorrectable with no copy: chunk dropped
+    skipped: int = 0            # moved, evicted or rewritten by others during the pass
+    degraded: int = 0           # tolerant part damaged: left as it is (reads report it)
+
+
+@dataclass
+class ScrubReport:
+    """A pass: per-tier counts, chunks dropped, time, and whether it was stopped early."""
+
+    tiers: dict[str, TierScrub] = field(default_factory=dict)
+    chunks_dropped: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+    total_blocks: int = 0
+
+    def total(self, name: str) -> int:
+        return sum(int(getattr(t, name)) for t in self.tiers.values())
+
+    @property
+    def bytes_read(self) -> int:
+        return self.total("bytes_read")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tiers": {n: vars(t).copy() for n, t in self.tiers.items()},
+                "chunks_dropped": self.chunks_dropped, "seconds": self.seconds,
+                "interrupted": self.interrupted, "total_blocks": self.total_blocks,
+                "bytes_read": self.bytes_read}
+
+    def render(self) -> str:
+        """A ``zpool status``-like summary."""
+        state = "interrupted" if self.interrupted else "completed"
+        mb = self.bytes_read / 1e6
+        rate = mb / self.seconds if self.seconds > 0 else 0.0
+        lines = [f"scrub {state}: {self.total('scanned')} of {self.total_blocks} blocks, "
+                 f"{mb:,.1f} MB read in {self.seconds:,.1f} s ({rate:,.1f} MB/s)",
+                 f"  corrected {self.total('corrected')}, refreshed "
+                 f"{self.total('refreshed')}, repaired {self.total('repaired')}, lost "
+                 f"{self.total('lost')} ({self.chunks_dropped} chunks dropped), skipped "
+                 f"{self.total('skipped')}"]
+        head = f"  {'tier':<10}{'scanned':>9}{'MB':>10}{'corrected':>11}{'refreshed':>11}" \
+               f"{'repaired':>10}{'lost':>6}"
+        lines.append(head)
+        for n, t in self.tiers.items():
+            lines.append(f"  {n:<10}{t.scanned:>9}{t.bytes_read / 1e6:>10.1f}{t.corrected:>11}"
+                         f"{t.refreshed:>11}{t.repaired:>10}{t.lost:>6}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ScrubConfig:
+    """How a scrubber works. ``budget_mbps``: read bandwidth limit (MB/s, None: as fast as
+    the tiers go). ``tiers``: which tiers (None: all). ``refresh_hours``: per tier, the age
+    at which a block is rewritten though it reads clean (a tier not named: from its fault
+    model and the engine's ``scrub_target_p_due``; inf: never). ``margin``: corrected
+    symbols at or above which a block is rewritten (header copies and erasures always are).
+    ``interval_hours``: the background scrubber's time between pass starts (None: from the
+    tiers' schedules, the shortest). ``batch``: blocks per rewrite transaction."""
+
+    budget_mbps: float | None = None
+    tiers: tuple[str, ...] | None = None
+    refresh_hours: Mapping[str, float] = field(default_factory=dict)
+    margin: int = 1
+    interval_hours: float | None = None
+    batch: int = 64
+
+    def __post_init__(self) -> None:
+        if self.budget_mbps is not None and not (isinstance(self.budget_mbps, int | float)
+                                                 and self.budget_mbps > 0):
+            raise ConfigError(f"scrub budget_mbps must be > 0, got {self.budget_mbps!r}")
+        for name, h in self.refresh_hours.items():
+            if not isinstance(h, int | float) or isinstance(h, bool) or not h > 0:
+                raise ConfigError(f"scrub refresh_hours[{name}] must be > 0, got {h!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 1:
+            raise ConfigError(f"scrub margin must be an int >= 1, got {self.margin!r}")
+        if self.interval_hours is not None and not (
+                isinstance(self.interval_hours, int | float) and self.interval_hours > 0):
+            raise ConfigError(f"scrub interval_hours must be > 0, got {self.interval_hours!r}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ConfigError(f"scrub batch must be an int >= 1, got {self.batch!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ScrubConfig:
+        """From an engine ``[scrub]`` table (keys as the fields; unknown keys are errors)."""
+        known = {"budget_mbps", "tiers", "refresh_hours", "margin", "interval_hours", "batch",
+                 "enabled"}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ConfigError(f"scrub: unknown key(s) {', '.join(bad)} (known: "
+                              f"{', '.join(sorted(known))})")
+        kw = {k: v for k, v in d.items() if k != "enabled"}
+        if "tiers" in kw:
+            kw["tiers"] = tuple(kw["tiers"])
+        if "refresh_hours" in kw and not isinstance(kw["refresh_hours"], Mapping):
+            raise ConfigError("scrub refresh_hours must be a table of tier = hours")
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class _Block:
+    key: bytes
+    layer: int
+    tier: str
+    size: int
+    risk: float
+    at: int
+
+
+class Scrubber:
+    """Scrubs ``engine`` (see the module docstring). ``progress(done, total)`` is called
+    after each block; ``stop`` ends a pass early. A scrubber remembers the blocks it saw
+    corrected, so a later pass reads them first."""
+
+    def __init__(self, engine: Engine, config: ScrubConfig | None = None, *,
+                 progress: Callable[[int, int], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.engine = engine
+        self.config = config or ScrubConfig()
+        self.progress = progress
+        self.stop = stop or threading.Event()
+        self._seen_corrected: set[tuple[bytes, int]] = set()
+        #: Test hooks: "read" (every block of the pass read, before any rewrite or drop is
+        #: committed) and "drop" (about to re-check and drop lost blocks). Tests hold race
+        #: windows open with them; production code never sets them.
+        self.hooks: dict[str, Callable[[], None]] = {}
+        names = self.config.tiers or tuple(engine.tiers)
+        unknown = [n for n in names if n not in engine.tiers]
+        if unknown:
+            raise ConfigError(f"scrub: no tier {', '.join(unknown)} (tiers: "
+                              f"{', '.join(engine.tiers)})")
+        self.tier_names = tuple(names)
+        given = self.config.refresh_hours
+        sched = ({} if all(n in given for n in names) else tier_schedules(engine))
+        self._refresh_ns: dict[str, float] = {}
+        for n in names:
+            h = given.get(n)
+            if h is None:
+                r = sched.get(n, {}).get("refresh_hours", math.inf)
+                h = math.inf if r is None else float(r)
+            self._refresh_ns[n] = h * NS_PER_HOUR if math.isfinite(h) and h > 0 else math.inf
+
+    # -- one pass ---------------------------------------------------------------------------
+    def order(self) -> list[_Block]:
+        """Every stored block of the scrubbed tiers, riskiest first."""
+        now = self.engine.clock()
+        out: list[_Block] = []
+        for b in self.engine.block_ages():
+            if b.tier not in self._refresh_ns:
+                continue
+            limit = self._refresh_ns[b.tier]
+            if b.written_ns is None:
+                age_risk = 1.0
+            elif math.isinf(limit):
+                age_risk = 0.0
+            else:
+                age_risk = max(0, now - b.written_ns) / limit
+            risk = age_risk + (1.0 if (b.key, b.layer) in self._seen_corrected else 0.0)
+            out.append(_Block(b.key, b.layer, b.tier, b.nbytes, risk, b.at))
+        out.sort(key=lambda b: (-b.risk, -b.at))
+        return out
+
+    def run(self) -> ScrubReport:
+        """One pass over the scrubbed tiers."""
+        t0 = time.perf_counter()
+        report = ScrubReport({n: TierScrub() for n in self.tier_names})
+        blocks = self.order()
+        report.total_blocks = len(blocks)
+        specs = self._specs()
+        budget = self.config.budget_mbps
+        rewrite: list[tuple[bytes, int, str, str]] = []
+        lost: list[tuple[bytes, int, str]] = []
+        read = 0
+        for i, b in enumerate(blocks):
+            if self.stop.is_set():
+                report.interrupted = True
+                break
+            self._one(b, specs, report, rewrite, lost)
+            read += b.size
+            if len(rewrite) >= self.config.batch and "read" not in self.hooks:
+                self._rewrite(rewrite, report)
+            if budget is not None:            # pace: never ahead of budget x elapsed
+                ahead = read / (budget * 1e6) - (time.perf_counter() - t0)
+                if ahead > 0 and self.stop.wait(ahead):
+                    report.interrupted = True
+                    break
+            if self.progress is not None:
+                self.progress(i + 1, len(blocks))
+        if "read" in self.hooks:
+            self.hooks["read"]()
+        self._rewrite(rewrite, report)
+        if lost:
+            self._handle_lost(lost, specs, report)
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    def _specs(self) -> dict[bytes, ModelSpec]:
+        ix = self.engine._index
+        with ix.env.read() as txn:
+            raw = ix.models(txn)
+        return {fp: ModelSpec.from_dict(s) for fp, s in raw.items() if s is not None}
+
+    def _one(self, b: _Block, specs: Mapping[bytes, ModelSpec], report: ScrubReport,
+             rewrite: list[tuple[bytes, int, str, str]], lost: list[tuple[bytes, int, str]]
+             ) -> None:
+        ix = self.engine._index
+        t = report.tiers[b.tier]
+        with ix.env.read() as txn:
+            meta = ix.get_chunk(txn, b.key)
+        if meta is None or b.layer >= len(meta.blocks) or meta.blocks[b.layer][0] != b.tier:
+            t.skipped += 1
+            return
+        spec = specs.get(meta.fingerprint)
+        t.scanned += 1
+        t.bytes_read += meta.blocks[b.layer][1]
+        if spec is None:            # a damaged model entry: verify reports it
+            t.skipped += 1
+            return
+        st = self.engine._reads.check_block(b.key, b.layer, meta, spec)
+        pos = (b.key, b.layer)
+        if st.status == CORRECTED:
+            self._seen_corrected.add(pos)
+            if st.corrected >= self.config.margin or st.header_repairs:
+                rewrite.append((b.key, b.layer, b.tier, "corrected"))
+                return
+            t.ok += 1
+        elif st.status == OK:
+            t.ok += 1
+            if b.risk - (1.0 if pos in self._seen_corrected else 0.0) >= 1.0:   # aged
+                rewrite.append((b.key, b.layer, b.tier, "refreshed"))
+        elif st.status == DEGRADED:
+            t.degraded += 1
+        elif st.status in (UNCORRECTABLE, MISSING):
+            lost.append((b.key, b.layer, b.tier))
+
+    def _rewrite(self, items: list[tuple[bytes, int, str, str]], report: ScrubReport) -> None:
+        """Rewrite ``items`` (corrected or aged) in one short transaction."""
+        if not items:
+            return
+        from rkv.upkeep import rewrite_blocks
+
+        done = rewrite_blocks(self.engine, [(k, layer, tier) for k, layer, tier, _ in items])
+        for (_, _, tier, why), ok in zip(items, done, strict=True):
+            t = report.tiers[tier]
+            if ok:
+                setattr(t, why, getattr(t, why) + 1)
+            else:
+                t.skipped += 1
+        items.clear()
+
+    def _handle_lost(self, items: list[tuple[bytes, int, str]],
+                     specs: Mapping[bytes, ModelSpec], report: ScrubReport) -> None:
+        """Rebuild each uncorrectable block from a verified copy in another tier, or drop
+        its chunk."""
+        from rkv.decisions import free_chunk
+
+        engine = self.engine
+        ix = engine._index
+        copies: dict[tuple[bytes, int], tuple[str, Any]] = {}
+        for key, layer, tier in items:
+            hit = self._find_copy(key, layer, tier, specs)
+            if hit is not None:
+                copies[(key, layer)] = hit
+
+        if "drop" in self.hooks:
+            self.hooks["drop"]()
+
+        def fn(txn: Any, pending: Any) -> list[str]:
+            outcome = []
+            dropped: set[bytes] = set()
+            for key, layer, tier in items:
+                meta = ix.get_chunk(txn, key)
+                if (meta is None or layer >= len(meta.blocks)
+                        or meta.blocks[layer][0] != tier):
+                    outcome.append("skipped" if key not in dropped else "lost")
+                    continue
+                spec = specs.get(meta.fingerprint)
+                # Under the writer lock, read it again: a writer may have stored the chunk
+                # anew since the pass read it (then it is not lost, and not ours to drop).
+                if spec is None or engine._reads.check_block(key, layer, meta, spec).status \
+                        not in (UNCORRECTABLE, MISSING):
+                    outcome.append("skipped")
+                    continue
+                copy = copies.get((key, layer))
+                if copy is not None:
+                    rec = copy[1]
+                    size = memoryview(rec).nbytes
+                    if size != meta.blocks[layer][1]:
+                        blocks = list(meta.blocks)
+                        blocks[layer] = (tier, size)
+                        ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
+                    pending.write(tier, block_key(key, layer), rec, size)
+                    outcome.append("repaired")
+                    continue
+                free_chunk(ix, txn, key, meta, pending)
+                dropped.add(key)
+                outcome.append("lost")
+            return outcome
+
+        outcomes = engine._mutate(fn)
+        dropped_chunks = set()
+        for (key, _, tier), what in zip(items, outcomes, strict=True):
+            t = report.tiers[tier]
+            setattr(t, what, getattr(t, what) + 1)
+            if what == "lost":
+                dropped_chunks.add(key)
+                self._seen_corrected.discard((key, _))
+        report.chunks_dropped += len(dropped_chunks)
+        if dropped_chunks:
+            engine._decide.invalidate()
+            with engine._lock:
+                engine._counters["scrub_chunks_dropped"] += len(dropped_chunks)
+
+    def _find_copy(self, key: bytes, layer: int, tier: str, specs: Mapping[bytes, ModelSpec]
+                   ) -> tuple[str, Any] | None:
+        """A record of the same block in another tier that verifies, re-encoded for
+        ``tier`` (its code), or None."""
+        from rkv.blockcodec import reencode
+        from rkv.record import decode_record
+
+        engine = self.engine
+        ix = engine._index
+        with ix.env.read() as txn:
+            meta = ix.get_chunk(txn, key)
+        if meta is None:
+            return None
+        spec = specs.get(meta.fingerprint)
+        if spec is None:
+            return None
+        bkey = block_key(key, layer)
+        for name, other in engine.tiers.items():
+            if name == tier:
+                continue
+            try:
+                rec, erased = other.fetch(bkey)
+                if rec is None:
+                    continue
+                engine._reads.verify_into(rec, key, layer, meta.fingerprint, spec,
+                                          meta.n_tokens, None, -1, erased)
+                dec = decode_record(rec)
+                codec = engine._codecs.get(tier) if engine._placement is None else None
+                if engine._placement is not None:
+                    from rkv.blockcodec import header_stages
+
+                    codec = header_stages(dec.header)[1]
+                return name, reencode(rec, dec, codec, erased, written_ns=engine.clock())
+            except IntegrityError:
+                continue
+        return None
+
+
+def tier_schedules(engine: Engine) -> dict[str, dict[str, Any]]:
+    """Per tier, its schedule (:func:`rkv.faults.schedule_info.add_schedule`: refresh age
+    and scrub interval for the engine's ``scrub_target_p_due``, from its fault model and the
+    code of its typical block); empty when it cannot be computed. Takes seconds."""
+    from rkv.faults.schedule_info import add_schedule
+
+    target = float(getattr(engine.config, "scrub_target_p_due", 1e-9))
+    try:
+        return dict(add_schedule(engine.stats(), target)["tiers"])
+    except (ConfigError, ValueError, ArithmeticError):
+        return {}
+
+
+def refresh_hours_for(engine: Engine, tier: str) -> float | None:
+    """The refresh age of ``tier`` from its schedule (None: unknown; inf: never)."""
+    s = tier_schedules(engine).get(tier)
+    if s is None:
+        return None
+    h = s.get("refresh_hours")
+    return math.inf if h is None else float(h)
+
+
+def interval_hours_for(engine: Engine, tiers: Iterable[str]) -> float | None:
+    """The shortest scrub interval of ``tiers``' schedules (None: none is known)."""
+    sch = tier_schedules(engine)
+    hours = [sch[t].get("scrub_hours") for t in tiers if t in sch]
+    finite = [float(h) for h in hours if h is not None and math.isfinite(float(h))]
+    if finite:
+        return min(finite)
+    return math.inf if hours else None
+
+
+def scrub(engine: Engine, config: ScrubConfig | None = None, *,
+          progress: Callable[[int, int], None] | None = None,
+          stop: threading.Event | None = None) -> ScrubReport:
+    """One scrub pass over ``engine`` (see :class:`Scrubber`)."""
+    return Scrubber(engine, config, progress=progress, stop=stop).run()
+
+
+class BackgroundScrubber:
+    """A daemon thread that runs a pass every ``interval_hours`` (by the engine's clock
+    rate: wall time) until :meth:`close`, which stops the current pass between blocks and
+    joins the thread. ``reports`` keeps the last passes' reports."""
+
+    def __init__(self, engine: Engine, config: ScrubConfig, interval_s: float) -> None:
+        self.stop = threading.Event()
+        self.scrubber = Scrubber(engine, config, stop=self.stop)
+        self.interval_s = interval_s
+        self.reports: list[ScrubReport] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="rkv-scrub", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            start = time.monotonic()
+            try:
+                self.reports = [*self.reports[-9:], self.scrubber.run()]
+            except Exception as exc:      # kept for close(); the engine goes on
+                self.error = exc
+                return
+            if self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - start))):
+                return
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        self.stop.set()
+        self._thread.join(timeout)
+
