@@ -17,7 +17,7 @@ from rkvtest import SMALL, random_kv
 from rkv import Engine, EngineConfig, TierConfig
 from rkv.errors import ConfigError
 from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.scrub import ScrubConfig, Scrubber, scrub
+from rkv.scrub import Scrubber, ScrubConfig, scrub
 
 CHUNK = 16
 HOUR = 3600 * 10**9
@@ -107,7 +107,7 @@ def test_correctable_damage_is_rewritten_and_the_data_stays_exact(store: Any) ->
 
 
 def test_a_correction_below_the_margin_is_left_in_place(store: Any) -> None:
-    e, toks, kv = store("rs(255,239)")
+    e, toks, _kv = store("rs(255,239)")
     damage(e, "dram", block_key(keys_of(toks)[1], 0), [50])
     rep = scrub(e, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}, margin=1000))
     assert rep.total("corrected") == 0
@@ -142,7 +142,7 @@ def test_an_uncorrectable_block_without_a_copy_drops_its_chunk(store: Any) -> No
 
 
 def test_riskiest_blocks_come_first(store: Any) -> None:
-    e, toks, kv = store()
+    e, _toks, _kv = store()
     clock = e.clock
     clock.t += 5 * HOUR
     late = tokens(CHUNK, seed=9)
@@ -156,7 +156,7 @@ def test_riskiest_blocks_come_first(store: Any) -> None:
 
 
 def test_the_budget_paces_the_pass(store: Any) -> None:
-    e, toks, kv = store()
+    e, _toks, _kv = store()
     total = sum(b.nbytes for b in e.block_ages())
     rep = scrub(e, ScrubConfig(budget_mbps=total / 0.3 / 1e6, refresh_hours={"dram": 1e6,
                                                                               "nvme": 1e6}))
@@ -165,7 +165,7 @@ def test_the_budget_paces_the_pass(store: Any) -> None:
 
 
 def test_stop_ends_a_pass_between_blocks(store: Any) -> None:
-    e, toks, kv = store()
+    e, _toks, _kv = store()
     stop = threading.Event()
 
     def progress(done: int, total: int) -> None:
@@ -197,7 +197,7 @@ def test_a_chunk_stored_anew_before_the_drop_is_kept(store: Any) -> None:
 
 
 def test_a_block_moved_before_its_rewrite_is_skipped(store: Any) -> None:
-    e, toks, kv = store()
+    e, toks, _kv = store()
     e.clock.t += 2 * HOUR
     s = Scrubber(e, ScrubConfig(refresh_hours={"dram": 1.0, "nvme": 1.0}))
 
