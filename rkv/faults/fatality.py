@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,31 +250,99 @@ def _payload_fatal(lay: Layout, flips: np.ndarray, erased: np.ndarray,
     return float(cost.max() > m)
 
 
-_CACHE: dict[tuple[str, str, int, float, int], list[tuple[float, float]]] = {}
+_CACHE: dict[tuple[str, str, int, float, int, bool], list[tuple[float, float]]] = {}
+#: Draws per event count beyond the first in the stratified estimate.
+STRATUM_DRAWS = 400
+#: The stratified estimate drops a class's counts whose P(fire and count) is below this.
+STRATUM_TINY = 1e-30
+_STRATUM_KMAX = 256
 
 
 def class_fatality(model: Any, protection: Any, data_bytes: int, hours: float,
-                   draws: int = DRAWS) -> list[tuple[Any, float, float]]:
+                   draws: int = DRAWS, *, stratified: bool = False
+                   ) -> list[tuple[Any, float, float]]:
     """Per clustered class: (its rate, P(it fires in the record), P(fatal | it fires)).
-    Cached per (model parameters, protection, size, hours, draws)."""
+    Cached per (model parameters, protection, size, hours, draws, stratified)."""
     return [(r, p, f) for r, p, f, _ in class_outcomes(model, protection, data_bytes, hours,
-                                                       draws)]
+                                                       draws, stratified=stratified)]
+
+
+def _count_law(cls: Any) -> Iterator[tuple[int, float, float]]:
+    """(k, P(K = k | K >= 1), a bound on P(K > k | K >= 1)) for k = 1, 2, ... of a class
+    with a Poisson or binomial count law (the tail bound: the next term over one minus the
+    following term ratio, the ratios decreasing)."""
+    if cls.law == "poisson":
+        mu = float(cls.mu)
+        lognorm = math.log(-math.expm1(-mu))
+
+        def logp(k: int) -> float:
+            return k * math.log(mu) - mu - math.lgamma(k + 1) - lognorm
+
+        def ratio(k: int) -> float:   # p_k / p_(k-1)
+            return mu / k
+        top = _STRATUM_KMAX
+    else:
+        n, p = int(cls.units), float(cls.p)
+        lognorm = math.log(-math.expm1(n * math.log1p(-p)))
+
+        def logp(k: int) -> float:
+            return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                    + k * math.log(p) + (n - k) * math.log1p(-p) - lognorm)
+
+        def ratio(k: int) -> float:
+            return (n - k + 1) / k * p / (1.0 - p)
+        top = min(n, _STRATUM_KMAX)
+    for k in range(1, top + 1):
+        nxt = ratio(k + 2) if k + 2 <= top else 0.0
+        tail = 0.0 if k >= top else (math.exp(logp(k + 1)) / (1.0 - nxt) if nxt < 1.0
+                                     else math.inf)
+        yield k, math.exp(logp(k)), tail
+
+
+def _stratified(lay: Layout, cls: Any, i: int, draws: int, data_bytes: int
+                ) -> tuple[float, float]:
+    """(P(fatal | fires), P(degraded | fires)) summed over the class's event count: the
+    exact P(K = k | K >= 1) times :func:`judge` over draws of exactly k events, so that
+    combinations of several individually correctable events count at their exact (tiny)
+    probability instead of as a fraction of ``draws``; counts whose P(fire and count) is
+    below `STRATUM_TINY` are dropped, a tail beyond the last count judged counts as fatal."""
+    p_fire = -math.expm1(cls.log_p0)
+    f_acc = g_acc = 0.0
+    tail = 0.0
+    for k, pk, tail in _count_law(cls):
+        if pk > 0.0 and (k == 1 or p_fire * pk >= STRATUM_TINY):
+            d = draws if k == 1 else min(draws, STRATUM_DRAWS)
+            rng = np.random.default_rng([i, draws, data_bytes, k])
+            judged = [judge(lay, cls.realize(k, rng)) for _ in range(d)]
+            f_acc += pk * math.fsum(x for x, _ in judged) / d
+            g_acc += pk * math.fsum((1 - x) * g for x, g in judged) / d
+        if p_fire * tail < STRATUM_TINY or tail <= 1e-9 * f_acc:
+            tail = 0.0
+            break
+    return min(1.0, f_acc + tail), min(1.0, g_acc)
 
 
 def class_outcomes(model: Any, protection: Any, data_bytes: int, hours: float,
-                   draws: int = DRAWS) -> list[tuple[Any, float, float, float]]:
+                   draws: int = DRAWS, *, stratified: bool = False
+                   ) -> list[tuple[Any, float, float, float]]:
     """Per clustered class: (its rate, P(it fires), P(fatal | it fires), P(degraded | it
-    fires)): :func:`judge` over ``draws`` of the class's own patterns."""
+    fires)): :func:`judge` over ``draws`` of the class's own patterns. ``stratified``: per
+    event count instead (:func:`_stratified`, for classes with a known count law), exact
+    for rare combinations of several events (what a refresh schedule needs)."""
     lay = layout_for(protection, data_bytes)
     classes = [(i, c) for i, c in enumerate(model.event_classes(lay.record, hours))
                if c.rate.kind != "bit" and c.log_p0 != 0.0]
     spec = protection if isinstance(protection, str) else protection.spec
     key = (json.dumps(model.params(), sort_keys=True, default=str), spec, data_bytes,
-           float(hours), draws)
+           float(hours), draws, stratified)
     fatal = _CACHE.get(key)
     if fatal is None:
         fatal = []
         for i, cls in classes:
+            if (stratified and cls.law is not None and cls.realize is not None
+                    and cls.log_p0 > -math.inf):
+                fatal.append(_stratified(lay, cls, i, draws, data_bytes))
+                continue
             rng = np.random.default_rng([i, draws, data_bytes])
             judged = [judge(lay, cls.draw_nonzero(rng)) for _ in range(draws)]
             fatal.append((math.fsum(d for d, _ in judged) / draws,

@@ -167,7 +167,7 @@ def _log_header_ok(header_copy: int, p_bit: float) -> float:
         return 0.0
     qh = -math.expm1(8 * header_copy * math.log1p(-p_bit))
     twice = 3 * p_bit * p_bit * (1 - p_bit) + p_bit ** 3
-    pos = -math.expm1(8 * header_copy * math.log1p(-min(twice, 1.0)))
+    pos = -math.expm1(8 * header_copy * _log1m(twice))   # twice may round to 1
     # P(no intact copy) x P(a position is wrong twice | every copy has errors).
     fail = qh ** 3 * min(1.0, pos / (qh * qh)) if qh > 0 else 0.0
     return _log1m(fail)
@@ -178,12 +178,17 @@ def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
 
 
 def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *,
-            ber_multiplier: float = 1.0) -> Prediction:
+            ber_multiplier: float = 1.0, exact_counts: bool = False) -> Prediction:
     """Outcome probabilities for one block stored under ``protection`` (a codec spec,
     ``"none"``, ``"raw"``, or a :class:`~rkv.pipeline.Pipeline`) for ``hours``: a pure
     function of the pipeline, the block's data bytes (after any quantizer), the fault model
     and the residency. ``ber_multiplier`` judges the accelerated model
-    (:func:`faultmodels.accelerate`), as a campaign with that multiplier injects it."""
+    (:func:`faultmodels.accelerate`), as a campaign with that multiplier injects it.
+    ``exact_counts``: judge each clustered class per event count with the exact count law
+    (:func:`rkv.faults.fatality.class_outcomes` ``stratified``), so that several
+    individually correctable events of one class (three lost sectors against a two-parity
+    shard code) count at their exact probability however rare; off (the default, the
+    numbers documented everywhere), they count as a fraction of the sampled draws."""
     if data_bytes <= 0:
         raise ConfigError("data_bytes must be positive")
     if isinstance(ber_multiplier, bool) or ber_multiplier != 1.0:
@@ -197,7 +202,7 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
     parts = pipe.codec.parts(data_bytes) if pipe is not None and pipe.codec else None
     if parts is not None:
         assert pipe is not None
-        return _predict_parts(pipe, parts, data_bytes, model, hours)
+        return _predict_parts(pipe, parts, data_bytes, model, hours, exact_counts)
     g = geometry(protection, data_bytes)
     if g.kind == "raw":
         record, payload, header_copy = data_bytes, data_bytes, 0
@@ -232,7 +237,8 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
         # sectors in one record and damage that spares the data bytes all count as they are.
         from rkv.faults.fatality import class_fatality
 
-        for rate, p_fire, fatal in class_fatality(model, protection, data_bytes, hours):
+        for rate, p_fire, fatal in class_fatality(model, protection, data_bytes, hours,
+                                                  stratified=exact_counts):
             log_ok += _log1m(p_fire * fatal)
             if bool(getattr(rate, "detected", False)):
                 # The medium reports these (erasures): a decoder given more erasures than it
@@ -263,7 +269,7 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
 
 
 def _predict_parts(pipe: Pipeline, parts: tuple[Part, ...], data_bytes: int, model: Any,
-                   hours: float) -> Prediction:
+                   hours: float, exact_counts: bool = False) -> Prediction:
     """A layout of independently decoded parts (byte planes) in one record: background bits
     per part through its own units; clustered classes judged against the whole record
     (:func:`rkv.faults.fatality.judge`), so an event that spans two parts fails both at once.
@@ -277,7 +283,8 @@ def _predict_parts(pipe: Pipeline, parts: tuple[Part, ...], data_bytes: int, mod
     p_bit = sum(float(getattr(ev, "mean", 0.0)) for ev in _events(model, record, hours)
                 if str(getattr(ev, "kind", "bit")) == "bit") / (8 * record)
     log_strict = log_tol = log_reported = 0.0
-    for rate, p_fire, fatal, degrade in class_outcomes(model, pipe, data_bytes, hours):
+    for rate, p_fire, fatal, degrade in class_outcomes(model, pipe, data_bytes, hours,
+                                                       stratified=exact_counts):
         log_strict += _log1m(p_fire * fatal)
         log_tol += _log1m(p_fire * degrade)
         if bool(getattr(rate, "detected", False)):
