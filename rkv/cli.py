@@ -17,6 +17,9 @@ from rkv.results import human_bytes
 def cmd_info(args: argparse.Namespace) -> int:
     with Engine.open(args.path, create=False, readonly=True) as engine:
         st = engine.stats()
+    if args.schedule:  # seconds per tier: predict runs a handful of times
+        from rkv.faults.schedule_info import add_schedule, schedule_text
+        add_schedule(st, engine.config.scrub_target_p_due)
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
         return 0
@@ -33,6 +36,8 @@ def cmd_info(args: argparse.Namespace) -> int:
               f"{t['path']}")
     from rkv.storemix import mix_table
     print(mix_table(st["tiers"]), end="")
+    if args.schedule:
+        print(schedule_text(st), end="")
     print("models:")
     for m in st["models"]:
         print(f"  {m['fingerprint']}  {m['model_id']} {m['dtype']} layers={m['n_layers']} "
@@ -312,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show tiers, usage, blocks and model fingerprints")
     info.add_argument("path")
     info.add_argument("--json", action="store_true", help="print JSON")
+    info.add_argument("--schedule", action="store_true", help="also compute each tier's "
+                      "refresh age and scrub interval (docs/scrub-schedule.md; slow)")
     info.set_defaults(fn=cmd_info)
     ver = sub.add_parser("verify", help="read and check every record; exit 1 if corrupt")
     ver.add_argument("path")

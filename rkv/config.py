@@ -186,6 +186,9 @@ class EngineConfig:
     the tier the policies choose, from the tiers' fault models and a quality profile under
     P(SDC), P(DUE) and KL targets (see docs/placement.md); off, a tier's ``quant`` and
     ``ecc`` apply to all its blocks.
+    ``scrub_target_p_due``: the P(DUE) per block that the scrub schedule computed from each
+    tier's fault model meets (refresh age, scrub interval; ``rkv info --schedule``,
+    docs/scrub-schedule.md).
     """
 
     chunk_tokens: int = 256
@@ -197,6 +200,7 @@ class EngineConfig:
     promote: str = "after(n=2)"
     prefetch: str = "queue"
     placement: dict[str, Any] = field(default_factory=dict)
+    scrub_target_p_due: float = 1e-9
 
     def __post_init__(self) -> None:
         _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
@@ -225,6 +229,10 @@ class EngineConfig:
             from rkv.placement.config import PlacementConfig
 
             PlacementConfig.from_dict(self.placement)   # validated now, used by the engine
+        _number(self.scrub_target_p_due, "scrub_target_p_due", minimum=1e-300)
+        if not self.scrub_target_p_due < 1.0:
+            raise ConfigError(f"scrub_target_p_due must be a probability in (0, 1), got "
+                              f"{self.scrub_target_p_due!r}")
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
