@@ -140,6 +140,17 @@ def test_latent_faults_make_age_zero_infeasible_but_a_scrub_bounds_them() -> Non
     assert 0.0 < i < 6.0
     scrubbed = model.with_latent_hours(min(3.0, i / 2))
     assert direct(scrubbed, "none", n, i) <= target
+    s = sch.schedule(model, "none", n, target, rel_tol=1e-2, horizon_hours=48.0)
+    assert s.refresh_hours == 0.0 and "age 0" in s.note and s.scrub_hours == i
+    assert s.latent_hours == 3.0 and s.feasible
+    # per day: new faults every interval, the (shorter) latent window once per horizon
+    fresh = model.with_latent_hours(0.0)
+    want = (sch.per_day(direct(fresh, "none", n, i), i)
+            + sch.per_day(direct(scrubbed, "none", n, 0.0), 48.0))
+    assert s.p_due_per_block_day_scrubbed == pytest.approx(want, rel=1e-9)
+    assert s.p_due_per_block_day_unscrubbed == pytest.approx(
+        sch.per_day(direct(model, "none", n, 48.0), 48.0), rel=1e-9)
+    assert s.p_due_per_block_day_scrubbed < s.p_due_per_block_day_unscrubbed
 
 
 def test_engine_config_setting() -> None:

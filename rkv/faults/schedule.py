@@ -23,9 +23,13 @@ takes it), a block's data bytes and a target P(DUE) per block, with ``P(h)`` the
   with ``P(T)``, of which ``P0`` = ``P`` at age 0 without latent faults is what any read pays
   (transient errors of one read: the CXL link), scrubbed or not (reported as
   ``p_due_per_read``; a scrub read that sees one reads again); the rest, spread over the
-  ``T / 24`` days, is ``1 - (1 - (P(T) - P0))^(24 / T)``. Scrubbed: ``T = min(I, horizon)``
-  with the scrubbed latent window; unscrubbed: a block kept ``horizon`` hours (default 30
-  days) under the model's own latent window.
+  ``T / 24`` days, is ``1 - (1 - (P(T) - P0))^(24 / T)``. Unscrubbed: a block kept
+  ``horizon`` hours (default a year) under the model's own latent window. Scrubbed every
+  ``T = min(I, horizon)``: each interval adds ``P(T)`` without latent faults (the scrub that
+  rewrites the block has just read its memory, so only new faults count), and the write
+  itself the latent faults of memory last scrubbed ``T / 2`` ago on average, once over the
+  horizon. (The interval is judged by its worst case, the first interval with its latent
+  window; the per-day figure by the average.)
 
 The search: ``P`` is close to a power law in the age (linear for Poisson fault classes, steep
 for NAND retention past the device ECC), so the bracket ``[lo, hi]`` (``P(lo) <= target <
@@ -63,7 +67,7 @@ __all__ = [
 
 #: A SmolLM2-135M block: K and V of 256 tokens x 3 KV heads x 64 dims in float16.
 DEFAULT_BLOCK_BYTES = 2 * 256 * 3 * 64 * 2
-DEFAULT_HORIZON_HOURS = 30 * 24.0
+DEFAULT_HORIZON_HOURS = 8766.0
 #: Beyond a century a refresh age or scrub interval is reported as never needed (inf).
 MAX_HOURS = 100 * 8766.0
 #: The shortest age searched (one second): a boundary below it is infeasible.
@@ -306,8 +310,11 @@ def schedule(model: Any, code: str, data_bytes: int, target: float, *,
     if interval > 0.0:
         t_scrub = min(interval, horizon)
         scrubbed = per_day(
-            max(p_due(_scrubbed_model(model, t_scrub), code, data_bytes, t_scrub) - p0, 0.0),
+            max(p_due(_scrubbed_model(model, 0.0), code, data_bytes, t_scrub) - p0, 0.0),
             t_scrub)
+        at_write = _scrubbed_model(model, t_scrub)
+        if at_write.latent_hours > 0.0:
+            scrubbed += per_day(max(p_due(at_write, code, data_bytes, 0.0) - p0, 0.0), horizon)
     else:  # even a fresh block misses the target: scrubbing cannot help
         scrubbed = unscrubbed
     note = "; ".join(notes)
