@@ -15,6 +15,8 @@ pat = model.sample(1 << 20, 24.0, np.random.default_rng(0))          # ErrorPatt
 pat = model.sample_given_error(1 << 20, 24.0, np.random.default_rng(0))
 pat.apply(buf, rng)                               # flip bits / fill erasures in a uint8 array
 fm.accelerate(model, 10.0)                        # every fault event class 10x as frequent
+fm.get_model("dram-ddr5").with_latent_hours(1.5)  # permanent faults hidden 1.5 h before the
+                                                  # write count too (default 0: off)
 ```
 
 Models: `raw-ber` (`RawBerModel`), `dram` (`DramModel`), `cxl` (`CxlModel`), `nand`
