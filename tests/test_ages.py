@@ -120,6 +120,15 @@ def test_a_damaged_write_time_is_never_misread(written: int,
     assert got == written
 
 
+def test_every_copy_damaged_in_a_different_byte_is_recovered_by_the_vote() -> None:
+    """No copy verifies on its own; their bitwise majority does, with the exact time."""
+    rec = bytearray(record(T0))
+    for copy, off in enumerate(copy_offsets(bytes(rec))):
+        rec[off + WRITTEN_AT + copy] ^= 0xFF
+    dec = decode_record(rec)
+    assert dec.header.written_ns == T0 and dec.header_repairs == 3
+
+
 def test_the_version_byte_is_covered_by_the_header_checks() -> None:
     """A v2 record whose preludes all say v1 (or a v1 record saying v2) is corrupt, never a
     header read with the other layout."""

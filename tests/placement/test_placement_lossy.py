@@ -51,7 +51,10 @@ def blocks(e: Engine, tokens: list[int]) -> list[tuple[str, int, str]]:
         for layer, (tier, size) in enumerate(meta.blocks):
             rec = e.tiers[tier].get(block_key(key, layer))
             assert rec is not None and len(rec) == size
-            quant, codec = header_stages(decode_record(rec).header)
+            header = decode_record(rec).header
+            assert header.written_ns is not None                # stamped at every write
+            assert meta.written_at(layer) == header.written_ns  # the index's copy agrees
+            quant, codec = header_stages(header)
             bits = 16 if quant is None else quant.bits
             code = "none" if codec is None else codec.spec
             assert meta.pipe(layer) == f"{bits}/{code}"     # the index label agrees
