@@ -183,6 +183,9 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     )
 
     cfg = _campaign_config(args)
+    if args.days is not None:
+        from rkv.faults.overtime_cli import run_time_campaign
+        return run_time_campaign(args, cfg)
     if args.replay is not None:
         print(json.dumps(replay_trial(cfg, args.replay), indent=2))
         return 0
@@ -382,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="skip the comparison run on raw storage")
     camp.add_argument("--json", action="store_true", help="print the summary as JSON")
     camp.add_argument("--quiet", action="store_true", help="no progress output")
+    from rkv.faults.overtime_cli import add_time_args
+    add_time_args(camp)
     camp.set_defaults(fn=cmd_campaign)
     qual = sub.add_parser("quality", help="quality of KV through rkv on SmolLM2-135M "
                                           "(bit-widths, injected faults, with and without ECC)")

@@ -188,7 +188,10 @@ class EngineConfig:
     ``ecc`` apply to all its blocks.
     ``scrub_target_p_due``: the P(DUE) per block that the scrub schedule computed from each
     tier's fault model meets (refresh age, scrub interval; ``rkv info --schedule``,
-    docs/scrub-schedule.md).
+    docs/scrub-schedule.md). ``scrub`` (a ``[scrub]`` table, empty: off) runs a background
+    patrol scrubber while the store is open for writing: ``enabled = true`` alone takes the
+    defaults; ``budget_mbps``, ``tiers``, ``refresh_hours`` (per tier), ``margin``,
+    ``interval_hours`` (default: the schedule's shortest), ``batch`` (docs/scrub.md).
     """
 
     chunk_tokens: int = 256
@@ -201,6 +204,7 @@ class EngineConfig:
     prefetch: str = "queue"
     placement: dict[str, Any] = field(default_factory=dict)
     scrub_target_p_due: float = 1e-9
+    scrub: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
@@ -229,6 +233,12 @@ class EngineConfig:
             from rkv.placement.config import PlacementConfig
 
             PlacementConfig.from_dict(self.placement)   # validated now, used by the engine
+        if not isinstance(self.scrub, dict):
+            raise ConfigError("scrub must be a table (see docs/scrub.md)")
+        if self.scrub:
+            from rkv.scrub import ScrubConfig
+
+            ScrubConfig.from_dict(self.scrub)           # validated now, used by the engine
         _number(self.scrub_target_p_due, "scrub_target_p_due", minimum=1e-300)
         if not self.scrub_target_p_due < 1.0:
             raise ConfigError(f"scrub_target_p_due must be a probability in (0, 1), got "

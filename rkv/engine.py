@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from collections import Counter
@@ -50,7 +49,6 @@ from rkv.store import (
     Identity,
     identify,
     memory_dir,
-    remove_outside,
     resolve_config,
     resolve_tier_path,
     store_id_at,
@@ -99,6 +97,7 @@ class Engine:
         #: The index format this open upgraded from (None: it was current).
         self.migrated_from: int | None = None
         self._log: Any = None
+        self._scrubber: Any = None
         self._promotions = Promotions(self)
 
     # -- opening and closing ------------------------------------------------------------------
@@ -159,27 +158,27 @@ class Engine:
 
                 drop = frozenset(drop_tiers)
                 engine._mutate(lambda txn, pending: reconcile(engine, txn, pending, drop))
+                if config.scrub:     # the background patrol scrubber (docs/scrub.md)
+                    from rkv.scrub import start_background
+
+                    engine._scrubber = start_background(engine)
             cleanup.pop_all()
         return engine
 
     @classmethod
     def destroy(cls, path: str | os.PathLike[str]) -> None:
         """Delete the store at ``path``, including tiers kept outside it (memory tiers)."""
-        root = Path(path).expanduser()
-        if not root.exists():
-            return
-        try:
-            with cls.open(root, readonly=True) as engine:
-                remove_outside(root, engine.config.tiers, engine.identity.id)
-        except RkvError as exc:
-            log.warning("destroying %s without reading its config (%s)", root, exc)
-        shutil.rmtree(root, ignore_errors=True)
+        from rkv.store import destroy_store
+
+        destroy_store(cls, Path(path).expanduser())
 
     def close(self) -> None:
         """Flush access times and release the LMDB environments. Idempotent."""
         if self._closed:
             return
         if os.getpid() == self._pid:
+            if self._scrubber is not None:
+                self._scrubber.close()
             self._promotions.shutdown()
             try:
                 if self._decide.touched and not self.readonly:

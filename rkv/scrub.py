@@ -26,6 +26,7 @@ a pass between blocks; the report says it was interrupted.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -40,6 +41,8 @@ from rkv.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE
 
 if TYPE_CHECKING:
     from rkv.engine import Engine
+
+log = logging.getLogger("rkv")
 
 NS_PER_HOUR = 3600 * 10**9
 ACTIONS = ("scanned", "ok", "corrected", "refreshed", "repaired", "lost", "skipped")
@@ -144,6 +147,8 @@ class ScrubConfig:
         if bad:
             raise ConfigError(f"scrub: unknown key(s) {', '.join(bad)} (known: "
                               f"{', '.join(sorted(known))})")
+        if not isinstance(d.get("enabled", True), bool):
+            raise ConfigError(f"scrub enabled must be true or false, got {d['enabled']!r}")
         kw = {k: v for k, v in d.items() if k != "enabled"}
         if "tiers" in kw:
             kw["tiers"] = tuple(kw["tiers"])
@@ -436,6 +441,13 @@ def interval_hours_for(engine: Engine, tiers: Iterable[str]) -> float | None:
     return math.inf if hours else None
 
 
+def start_background(engine: Engine) -> BackgroundScrubber | None:
+    """The background scrubber of ``engine``'s ``[scrub]`` table (None: ``enabled = false``)."""
+    if engine.config.scrub.get("enabled", True) is False:
+        return None
+    return BackgroundScrubber(engine, ScrubConfig.from_dict(engine.config.scrub))
+
+
 def scrub(engine: Engine, config: ScrubConfig | None = None, *,
           progress: Callable[[int, int], None] | None = None,
           stop: threading.Event | None = None) -> ScrubReport:
@@ -444,29 +456,41 @@ def scrub(engine: Engine, config: ScrubConfig | None = None, *,
 
 
 class BackgroundScrubber:
-    """A daemon thread that runs a pass every ``interval_hours`` (by the engine's clock
-    rate: wall time) until :meth:`close`, which stops the current pass between blocks and
-    joins the thread. ``reports`` keeps the last passes' reports."""
+    """A daemon thread that runs a pass every ``interval_hours`` of wall time (None: the
+    shortest scrub interval of the scrubbed tiers' schedules, computed in the thread; none:
+    one pass) until :meth:`close`, which stops the current pass between blocks and joins
+    the thread. ``reports`` keeps the last ten passes' reports; ``error`` what ended it."""
 
-    def __init__(self, engine: Engine, config: ScrubConfig, interval_s: float) -> None:
+    def __init__(self, engine: Engine, config: ScrubConfig) -> None:
+        self.engine = engine
+        self.config = config
         self.stop = threading.Event()
-        self.scrubber = Scrubber(engine, config, stop=self.stop)
-        self.interval_s = interval_s
         self.reports: list[ScrubReport] = []
         self.error: BaseException | None = None
+        #: Set after every pass (and when the thread ends): waiters need no polling.
+        self.passed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rkv-scrub", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self.stop.is_set():
-            start = time.monotonic()
-            try:
-                self.reports = [*self.reports[-9:], self.scrubber.run()]
-            except Exception as exc:      # kept for close(); the engine goes on
-                self.error = exc
-                return
-            if self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - start))):
-                return
+        try:
+            scrubber = Scrubber(self.engine, self.config, stop=self.stop)
+            hours = self.config.interval_hours
+            if hours is None:
+                hours = interval_hours_for(self.engine, scrubber.tier_names)
+            while not self.stop.is_set():
+                start = time.monotonic()
+                self.reports = [*self.reports[-9:], scrubber.run()]
+                self.passed.set()
+                if hours is None or not math.isfinite(hours):
+                    return
+                if self.stop.wait(max(0.0, hours * 3600.0 - (time.monotonic() - start))):
+                    return
+        except Exception as exc:          # kept for close() and stats; the engine goes on
+            self.error = exc
+            log.warning("background scrubber stopped: %s", exc)
+        finally:
+            self.passed.set()
 
     def close(self, timeout: float | None = 30.0) -> None:
         self.stop.set()

@@ -14,6 +14,7 @@ missing; everything inside its directory is kept.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import uuid
@@ -25,6 +26,8 @@ from typing import Any
 from rkv.config import EngineConfig, TierConfig
 from rkv.errors import ConfigError, CorruptStoreError, RkvError
 from rkv.index import Index
+
+log = logging.getLogger("rkv")
 
 
 def memory_dir() -> Path | None:
@@ -103,6 +106,18 @@ def identify(root: Path, stored: Any, exists: bool, stored_id_of: Any) -> Identi
     if home and other.exists() and stored_id_of(other) == sid:
         return Identity(new_id(), here, copied_from=home)
     return Identity(sid, here, moved_from=home or None)
+
+
+def destroy_store(engine_cls: Any, root: Path) -> None:
+    """Delete the store at ``root``, including tiers kept outside it (memory tiers)."""
+    if not root.exists():
+        return
+    try:
+        with engine_cls.open(root, readonly=True) as engine:
+            remove_outside(root, engine.config.tiers, engine.identity.id)
+    except RkvError as exc:
+        log.warning("destroying %s without reading its config (%s)", root, exc)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def remove_outside(root: Path, tiers: tuple[TierConfig, ...], store_id: str) -> None:

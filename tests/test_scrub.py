@@ -267,3 +267,30 @@ def test_cli_once_json(tmp_path: Path, capsys: Any) -> None:
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["tiers"]["dram"]["scanned"] == 2 * SMALL.n_layers
     assert out["tiers"]["dram"]["ok"] == 2 * SMALL.n_layers and not out["interrupted"]
+
+
+def test_the_engine_runs_a_background_scrubber_and_stops_it_on_close(tmp_path: Path) -> None:
+    cfg = config("rs(255,239)", scrub={"interval_hours": 1e-6, "refresh_hours": {
+        "dram": 1e6, "nvme": 1e6}})
+    with Engine.open(tmp_path / "s", config("rs(255,239)")) as e:
+        toks = tokens(2 * CHUNK)
+        kv = random_kv(SMALL, 2 * CHUNK)
+        e.put(toks, kv, model=SMALL)
+        damage(e, "dram", block_key(keys_of(toks)[0], 1), [50, 60])
+    e = Engine.open(tmp_path / "s", cfg)
+    bg = e._scrubber
+    assert bg is not None
+    while not any(r.total("corrected") for r in bg.reports):     # passes until it fixed it
+        bg.passed.clear()
+        assert bg.passed.wait(60) and bg.error is None
+    e.close()
+    assert not bg._thread.is_alive()
+    with Engine.open(tmp_path / "s", config("rs(255,239)")) as e:
+        assert e.verify().corrected == 0 and exact(e, toks, kv)
+
+
+def test_a_disabled_scrub_table_starts_nothing(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "s", config(scrub={"enabled": False})) as e:
+        assert e._scrubber is None
+    with pytest.raises(ConfigError, match="scrub enabled"):
+        config(scrub={"enabled": "yes"})

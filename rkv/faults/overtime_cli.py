@@ -1,0 +1,91 @@
+"""``rkv campaign --days N [--scrub HOURS]``: a campaign over time (:mod:`rkv.faults.overtime`),
+with and without scrubbing, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import replace
+from typing import Any
+
+
+def add_time_args(camp: argparse.ArgumentParser) -> None:
+    g = camp.add_argument_group("over time (--days)")
+    g.add_argument("--days", type=float, default=None,
+                   help="simulate a store over this many days instead of one residency: "
+                        "blocks written, aging, read at the end of their residency, with "
+                        "and without scrubbing (--trials: stores, default 4; --blocks: "
+                        "blocks kept in it, default 32)")
+    g.add_argument("--scrub", default="auto", metavar="HOURS|auto",
+                   help="scrub interval (auto: the tier's schedule at --target)")
+    g.add_argument("--refresh-hours", dest="refresh_hours", type=float, default=None,
+                   help="the scrubber's refresh age (default: the tier's schedule)")
+    g.add_argument("--residency-hours", dest="residency_hours", type=float, default=None,
+                   help="mean residency of a block (exponential; default per tier: dram 1 h, "
+                        "cxl 8 h, nvme 7 days)")
+    g.add_argument("--target", type=float, default=1e-9,
+                   help="P(DUE) per block the schedule meets")
+
+
+def run_time_campaign(args: argparse.Namespace, campaign: Any) -> int:
+    from rkv.errors import ConfigError
+    from rkv.faults.overtime import OverTimeConfig, run_over_time
+    from rkv.faults.schedule import schedule
+
+    camp = {k: v for k, v in campaign.to_dict().items()
+            if k not in ("trials", "blocks", "workers", "rows", "sampling", "tilt", "hours")}
+    base = OverTimeConfig(campaign=camp, days=args.days, blocks=args.blocks or 32,
+                          trials=args.trials or 4, residency_hours=args.residency_hours,
+                          refresh_hours=args.refresh_hours, target_p_due=args.target,
+                          seed=campaign.seed)
+    b = base.base()
+    sched = None
+    if args.scrub == "auto" or args.refresh_hours is None:
+        print("computing the tier's scrub schedule from its fault model...", file=sys.stderr)
+        sched = schedule(b.model(), b.effective_protection(), b.data_bytes, args.target)
+    if args.scrub == "auto":
+        assert sched is not None
+        interval = float(sched.scrub_hours)
+        if not (0 < interval < math.inf):
+            raise ConfigError(f"the schedule gives no finite scrub interval "
+                              f"({sched.scrub_hours}); give --scrub HOURS")
+    else:
+        try:
+            interval = float(args.scrub)
+        except ValueError:
+            raise ConfigError(f"--scrub expects hours or 'auto', got {args.scrub!r}") from None
+    refresh = args.refresh_hours
+    if refresh is None and sched is not None:
+        refresh = float(sched.refresh_hours) if sched.refresh_hours > 0 else math.inf
+    runs = {"no scrub": replace(base, scrub_hours=None),
+            f"scrub every {interval:g} h": replace(base, scrub_hours=interval,
+                                                   refresh_hours=refresh)}
+    out: dict[str, Any] = {"tier": b.tier, "model": str(b.fault_model or b.tier),
+                           "protection": b.effective_protection(),
+                           "ber_multiplier": b.ber_multiplier, "days": args.days,
+                           "residency_hours": base.residency, "target_p_due": args.target,
+                           "target_per_block_day": args.target * 24.0 / interval,
+                           "runs": {}}
+    for name, cfg in runs.items():
+        if not args.quiet and not args.json:
+            print(f"running: {name} ({cfg.trials} x {cfg.blocks} blocks, {cfg.days:g} days)",
+                  file=sys.stderr)
+        out["runs"][name] = run_over_time(cfg).to_dict()
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{b.tier}: {out['model']} x{b.ber_multiplier:g}, {out['protection']}, "
+          f"{args.days:g} days, mean residency {base.residency:g} h (exponential)")
+    print(f"target P(DUE) {args.target:g} per block per scrub interval = "
+          f"{out['target_per_block_day']:.3g} per block-day")
+    print(f"{'':<24}{'block-days':>11}{'DUE/block-day [95% CI]':>34}{'SDC':>5}"
+          f"{'corrected':>10}{'refreshed':>10}{'scrub MB/s':>11}")
+    for name, r in out["runs"].items():
+        d = r["due"]
+        ci = f"{d['per_block_day']:.3g} [{d['lo']:.2g}, {d['hi']:.2g}] ({d['n']})"
+        print(f"{name:<24}{r['block_days']:>11.1f}{ci:>34}{r['sdc']['n']:>5}"
+              f"{r['scrub'].get('corrected', 0):>10}{r['scrub'].get('refreshed', 0):>10}"
+              f"{r['scrub_mb_per_s']:>11.3g}")
+    return 0
