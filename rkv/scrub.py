@@ -10,8 +10,9 @@ orders them by risk and reads each through the real read path (verified, copied 
   place); blocks of unknown age (written before records carried their time) count as due;
   ties go to the most recently used chunk (the one most likely to be read again).
 * **corrected** blocks (ECC symbols, header copies or erasures repaired) are rewritten from
-  their corrected data, as a read with ``repair`` does; blocks **past the refresh age** are
-  rewritten as they are (restamped: a rewrite is a refresh, NAND retention starts over).
+  their corrected data, as a read with ``repair`` does; blocks that would pass the refresh
+  age before the next pass (``lead_hours`` away) are rewritten as they are (restamped: a
+  rewrite is a refresh, NAND retention starts over), so no block outlives its refresh age.
 * **uncorrectable** blocks are repaired from a verified copy of the same block in another
   tier when one exists, else their chunk is dropped from the index (counted as lost; a read
   would recompute it anyway, and the dropped entry no longer costs a failed read).
@@ -184,6 +185,9 @@ class Scrubber:
         #: committed) and "drop" (about to re-check and drop lost blocks). Tests hold race
         #: windows open with them; production code never sets them.
         self.hooks: dict[str, Callable[[], None]] = {}
+        #: Hours until the next pass (the interval, when passes repeat): a block that would
+        #: pass its refresh age before then is refreshed now. 0 for a single pass.
+        self.lead_hours = float(self.config.interval_hours or 0.0)
         names = self.config.tiers or tuple(engine.tiers)
         unknown = [n for n in names if n not in engine.tiers]
         if unknown:
@@ -200,6 +204,10 @@ class Scrubber:
                 h = math.inf if r is None else float(r)
             self._refresh_ns[n] = h * NS_PER_HOUR if math.isfinite(h) and h > 0 else math.inf
 
+    @property
+    def lead_ns(self) -> float:
+        return self.lead_hours * NS_PER_HOUR
+
     # -- one pass ---------------------------------------------------------------------------
     def order(self) -> list[_Block]:
         """Every stored block of the scrubbed tiers, riskiest first."""
@@ -213,8 +221,8 @@ class Scrubber:
                 age_risk = 1.0
             elif math.isinf(limit):
                 age_risk = 0.0
-            else:
-                age_risk = max(0, now - b.written_ns) / limit
+            else:       # as old as it will be when the next pass comes
+                age_risk = (max(0, now - b.written_ns) + self.lead_ns) / limit
             risk = age_risk + (1.0 if (b.key, b.layer) in self._seen_corrected else 0.0)
             out.append(_Block(b.key, b.layer, b.tier, b.nbytes, risk, b.at))
         out.sort(key=lambda b: (-b.risk, -b.at))
@@ -478,6 +486,8 @@ class BackgroundScrubber:
             hours = self.config.interval_hours
             if hours is None:
                 hours = interval_hours_for(self.engine, scrubber.tier_names)
+            if hours is not None and math.isfinite(hours):
+                scrubber.lead_hours = hours
             while not self.stop.is_set():
                 start = time.monotonic()
                 self.reports = [*self.reports[-9:], scrubber.run()]

@@ -49,7 +49,10 @@ def cmd_scrub(args: argparse.Namespace) -> int:
         cfg = ScrubConfig(budget_mbps=args.budget, tiers=tiers, refresh_hours=refresh,
                           margin=args.margin, interval_hours=args.interval)
         scrubber = Scrubber(engine, cfg, stop=stop)
-        interval = args.interval or interval_hours_for(engine, scrubber.tier_names)
+        interval = args.interval or (None if args.once else
+                                     interval_hours_for(engine, scrubber.tier_names))
+        if not args.once and interval is not None and math.isfinite(interval):
+            scrubber.lead_hours = interval     # refresh what would age past it before then
         worst = 0
         try:
             while True:

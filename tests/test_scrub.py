@@ -294,3 +294,15 @@ def test_a_disabled_scrub_table_starts_nothing(tmp_path: Path) -> None:
         assert e._scrubber is None
     with pytest.raises(ConfigError, match="scrub enabled"):
         config(scrub={"enabled": "yes"})
+
+
+def test_repeating_passes_refresh_what_would_age_past_the_limit_before_the_next(
+        store: Any) -> None:
+    e, *_ = store()
+    e.clock.t += 5 * HOUR
+    once = scrub(e, ScrubConfig(refresh_hours={"dram": 10.0, "nvme": 10.0}))
+    assert once.total("refreshed") == 0                  # 5 h old, limit 10 h
+    every6 = scrub(e, ScrubConfig(refresh_hours={"dram": 10.0, "nvme": 10.0},
+                                  interval_hours=6.0))
+    assert every6.total("refreshed") == 4 * SMALL.n_layers   # 5 h + 6 h > 10 h
+    e.close()

@@ -144,6 +144,7 @@ class _Slot:
     events: list[Any]
     applied: int = 0
     born: float = 0.0
+    key: bytes = b""
 
 
 class _Trial:
@@ -174,13 +175,18 @@ class _Trial:
         return [(start + i) % (1 << 31) for i in range(n)]
 
     def _key(self, slot: _Slot) -> bytes:
-        return self.h.keys(slot.tokens, self.spec)[0][0]
+        if not slot.key:
+            slot.key = self.h.keys(slot.tokens, self.spec)[0][0]
+        return slot.key
 
     def _timeline(self, slot: _Slot) -> None:
         from rkv.faults.timeline import draw_timeline
 
         nbytes = self.h.record_bytes(self._key(slot))
         span = max(1e-6, min(slot.ends, self.horizon) - slot.written) + self.cfg.step
+        # A power of two hours (events past the span are never applied): every block of a
+        # run shares a few timeline grids instead of computing one each.
+        span = 2.0 ** math.ceil(math.log2(span))
         slot.events = draw_timeline(self.model, nbytes, span, self.rng)
         slot.applied = 0
 
@@ -198,6 +204,8 @@ class _Trial:
 
     def _apply(self, slot: _Slot) -> None:
         """Put the faults that have arrived by now into the record (or its next read)."""
+        if slot.applied == len(slot.events):
+            return
         age = self.now - slot.written
         key = self._key(slot)
         while slot.applied < len(slot.events) and slot.events[slot.applied].hours <= age:
@@ -253,7 +261,8 @@ class _Trial:
                 refresh = self.res.refresh_hours = _refresh_hours(self.base, self.h,
                                                                   cfg.target_p_due)
             self.res.refresh_hours = refresh
-            scrubber = Scrubber(self.engine, ScrubConfig(refresh_hours={"t0": refresh}))
+            scrubber = Scrubber(self.engine, ScrubConfig(refresh_hours={"t0": refresh},
+                                                         interval_hours=cfg.scrub_hours))
         next_scrub = cfg.scrub_hours or math.inf
         step = cfg.step
         while self.now < self.horizon - 1e-9:
