@@ -306,3 +306,18 @@ def test_repeating_passes_refresh_what_would_age_past_the_limit_before_the_next(
                                   interval_hours=6.0))
     assert every6.total("refreshed") == 4 * SMALL.n_layers   # 5 h + 6 h > 10 h
     e.close()
+
+
+def test_a_block_corrected_again_after_its_rewrite_moves_a_tier_down(store: Any) -> None:
+    e, toks, kv = store("rs(255,239)")
+    bk = block_key(keys_of(toks)[1], 2)
+    cfg = ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6})
+    s = Scrubber(e, cfg)
+    damage(e, "dram", bk, [50, 70])
+    assert s.run().total("corrected") == 1           # first time: rewritten in place
+    damage(e, "dram", bk, [50, 70])                  # the same fault again
+    rep = s.run()
+    assert rep.total("moved") == 1 and rep.tiers["dram"].moved == 1
+    assert e.tiers["nvme"].get(bk) is not None and e.tiers["dram"].get(bk) is None
+    assert exact(e, toks, kv) and e.verify().clean
+    e.close()

@@ -1,0 +1,121 @@
+"""What a scrub pass did (:class:`ScrubReport`) and how a scrubber works (:class:`ScrubConfig`);
+see :mod:`rkv.scrub`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rkv.errors import ConfigError
+
+
+@dataclass
+class TierScrub:
+    """What a pass did in one tier."""
+
+    scanned: int = 0
+    bytes_read: int = 0
+    ok: int = 0
+    corrected: int = 0          # read with corrections and rewritten
+    refreshed: int = 0          # past the refresh age and rewritten
+    moved: int = 0              # corrected again after a rewrite: moved a tier down
+    repaired: int = 0           # uncorrectable, rebuilt from a copy in another tier
+    lost: int = 0               # uncorrectable with no copy: chunk dropped
+    skipped: int = 0            # moved, evicted or rewritten by others during the pass
+    degraded: int = 0           # tolerant part damaged: left as it is (reads report it)
+
+
+@dataclass
+class ScrubReport:
+    """A pass: per-tier counts, chunks dropped, time, and whether it was stopped early."""
+
+    tiers: dict[str, TierScrub] = field(default_factory=dict)
+    chunks_dropped: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+    total_blocks: int = 0
+
+    def total(self, name: str) -> int:
+        return sum(int(getattr(t, name)) for t in self.tiers.values())
+
+    @property
+    def bytes_read(self) -> int:
+        return self.total("bytes_read")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tiers": {n: vars(t).copy() for n, t in self.tiers.items()},
+                "chunks_dropped": self.chunks_dropped, "seconds": self.seconds,
+                "interrupted": self.interrupted, "total_blocks": self.total_blocks,
+                "bytes_read": self.bytes_read}
+
+    def render(self) -> str:
+        """A ``zpool status``-like summary."""
+        state = "interrupted" if self.interrupted else "completed"
+        mb = self.bytes_read / 1e6
+        rate = mb / self.seconds if self.seconds > 0 else 0.0
+        lines = [f"scrub {state}: {self.total('scanned')} of {self.total_blocks} blocks, "
+                 f"{mb:,.1f} MB read in {self.seconds:,.1f} s ({rate:,.1f} MB/s)",
+                 f"  corrected {self.total('corrected')}, refreshed "
+                 f"{self.total('refreshed')}, moved {self.total('moved')}, repaired "
+                 f"{self.total('repaired')}, lost "
+                 f"{self.total('lost')} ({self.chunks_dropped} chunks dropped), skipped "
+                 f"{self.total('skipped')}"]
+        head = f"  {'tier':<10}{'scanned':>9}{'MB':>10}{'corrected':>11}{'refreshed':>11}" \
+               f"{'repaired':>10}{'lost':>6}"
+        lines.append(head)
+        for n, t in self.tiers.items():
+            lines.append(f"  {n:<10}{t.scanned:>9}{t.bytes_read / 1e6:>10.1f}{t.corrected:>11}"
+                         f"{t.refreshed:>11}{t.repaired:>10}{t.lost:>6}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ScrubConfig:
+    """How a scrubber works. ``budget_mbps``: read bandwidth limit (MB/s, None: as fast as
+    the tiers go). ``tiers``: which tiers (None: all). ``refresh_hours``: per tier, the age
+    at which a block is rewritten though it reads clean (a tier not named: from its fault
+    model and the engine's ``scrub_target_p_due``; inf: never). ``margin``: corrected
+    symbols at or above which a block is rewritten (header copies and erasures always are).
+    ``interval_hours``: the background scrubber's time between pass starts (None: from the
+    tiers' schedules, the shortest). ``batch``: blocks per rewrite transaction."""
+
+    budget_mbps: float | None = None
+    tiers: tuple[str, ...] | None = None
+    refresh_hours: Mapping[str, float] = field(default_factory=dict)
+    margin: int = 1
+    interval_hours: float | None = None
+    batch: int = 64
+
+    def __post_init__(self) -> None:
+        if self.budget_mbps is not None and not (isinstance(self.budget_mbps, int | float)
+                                                 and self.budget_mbps > 0):
+            raise ConfigError(f"scrub budget_mbps must be > 0, got {self.budget_mbps!r}")
+        for name, h in self.refresh_hours.items():
+            if not isinstance(h, int | float) or isinstance(h, bool) or not h > 0:
+                raise ConfigError(f"scrub refresh_hours[{name}] must be > 0, got {h!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 1:
+            raise ConfigError(f"scrub margin must be an int >= 1, got {self.margin!r}")
+        if self.interval_hours is not None and not (
+                isinstance(self.interval_hours, int | float) and self.interval_hours > 0):
+            raise ConfigError(f"scrub interval_hours must be > 0, got {self.interval_hours!r}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ConfigError(f"scrub batch must be an int >= 1, got {self.batch!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ScrubConfig:
+        """From an engine ``[scrub]`` table (keys as the fields; unknown keys are errors)."""
+        known = {"budget_mbps", "tiers", "refresh_hours", "margin", "interval_hours", "batch",
+                 "enabled"}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ConfigError(f"scrub: unknown key(s) {', '.join(bad)} (known: "
+                              f"{', '.join(sorted(known))})")
+        if not isinstance(d.get("enabled", True), bool):
+            raise ConfigError(f"scrub enabled must be true or false, got {d['enabled']!r}")
+        kw = {k: v for k, v in d.items() if k != "enabled"}
+        if "tiers" in kw:
+            kw["tiers"] = tuple(kw["tiers"])
+        if "refresh_hours" in kw and not isinstance(kw["refresh_hours"], Mapping):
+            raise ConfigError("scrub refresh_hours must be a table of tier = hours")
+        return cls(**kw)
