@@ -100,27 +100,34 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(data), figsize=(4.2 * len(data), 3.6))
     for ax, (tier, d) in zip(axes, data.items(), strict=True):
+        from matplotlib.ticker import NullFormatter
+
         rows = [r for r in d["rows"] if r["scrub_hours"] is not None]
         none = next(r for r in d["rows"] if r["scrub_hours"] is None)["due"]
-        xs = [r["scrub_hours"] for r in rows]
-        ys = [max(r["due"]["per_block_day"], 1e-12) for r in rows]
-        lo = [y - max(r["due"]["lo"], 1e-12) for y, r in zip(ys, rows, strict=True)]
-        hi = [r["due"]["hi"] - y for y, r in zip(ys, rows, strict=True)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", capsize=3, label="scrubbed")
-        ax.axhspan(max(none["lo"], 1e-12), none["hi"], color="tab:red", alpha=0.15)
-        ax.axhline(max(none["per_block_day"], 1e-12), color="tab:red", ls="--",
-                   label="no scrub (95 % CI)")
-        zero = [x for x, r in zip(xs, rows, strict=True) if r["due"]["n"] == 0]
+        seen = [r for r in rows if r["due"]["n"] > 0]
+        ys = [r["due"]["per_block_day"] for r in seen]
+        ax.errorbar([r["scrub_hours"] for r in seen], ys,
+                    yerr=[[y - r["due"]["lo"] for y, r in zip(ys, seen, strict=True)],
+                          [r["due"]["hi"] - y for y, r in zip(ys, seen, strict=True)]],
+                    fmt="o-", capsize=3, label="scrubbed (95 % CI)")
+        zero = [r for r in rows if r["due"]["n"] == 0]
         if zero:
-            ax.plot(zero, [r["due"]["hi"] for r in rows if r["due"]["n"] == 0], "v",
-                    color="tab:blue", label="0 seen: upper bound")
+            ax.plot([r["scrub_hours"] for r in zero], [r["due"]["hi"] for r in zero], "v",
+                    color="tab:blue", ms=8, label="scrubbed, none seen: upper bound")
+        ax.axhspan(none["lo"], none["hi"], color="tab:red", alpha=0.15)
+        ax.axhline(none["per_block_day"], color="tab:red", ls="--",
+                   label="no scrub (95 % CI)")
+        if "target_per_block_day" in d:
+            ax.axhline(d["target_per_block_day"], color="black", ls=":",
+                       label="target per block-day")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_yscale("log")
         ax.set_xlabel("scrub interval (hours)")
         ax.set_title(f"{tier}: {_label(d)}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("DUE per block-day")
-    axes[0].legend(fontsize=7)
+    axes[-1].legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -141,7 +148,12 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=1e-2)
     ap.add_argument("--out", default="benchmarks/results/scrub.json")
     ap.add_argument("--figure", default="docs/img/scrub_due_vs_interval.png")
+    ap.add_argument("--replot", action="store_true",
+                    help="redraw the figure from --out without running anything")
     args = ap.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.out).read_text())["curves"], Path(args.figure))
+        return
     t0 = time.perf_counter()
     res = {"benchmark": "bench_scrub", "check": check(args.trials, args.target)}
     c = res["check"]
@@ -150,6 +162,7 @@ def main() -> None:
     for name, r in c["runs"].items():
         print(f"  {name}: DUE {r['due']}, block-days {r['block_days']:.0f}")
     res["curves"] = curves(args.curve_trials)
+    res["curves"]["nvme"]["target_per_block_day"] = c["target_per_block_day"]
     res["seconds"] = time.perf_counter() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
