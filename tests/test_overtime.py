@@ -94,3 +94,27 @@ def test_bad_over_time_configs_name_the_key() -> None:
         OverTimeConfig(campaign={"tierr": "nvme"})
     with pytest.raises(ConfigError, match="blocks"):
         OverTimeConfig(blocks=0)
+
+
+def test_cli_days_runs_with_and_without_scrubbing(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from rkv.cli import main
+
+    rc = main(["campaign", "--tier", "dram", "--fault-model", "raw-ber", "--param",
+               "ber=1.5e-4", "--param", "per_hour=true", "--protection", "rs(255,239)",
+               "--chunk-tokens", "16", "--kv-heads", "1", "--head-dim", "8", "--days", "5",
+               "--blocks", "6", "--trials", "1", "--residency-hours", "100", "--scrub", "1",
+               "--refresh-hours", "1e9", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["model"] == "raw-ber ber=0.00015 per_hour=True"
+    off, on = out["runs"]["no scrub"], out["runs"]["scrub every 1 h"]
+    assert off["due"]["n"] > 0 and on["due"]["n"] == 0 and on["scrub"]["corrected"] > 0
+    assert out["target_per_block_day"] == pytest.approx(1e-9 * 24)
+
+
+def test_cli_days_bad_scrub_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from rkv.cli import main
+
+    rc = main(["campaign", "--days", "1", "--scrub", "often", "--refresh-hours", "5"])
+    assert rc == 2 and "--scrub expects hours" in capsys.readouterr().err

@@ -43,7 +43,8 @@ def run_time_campaign(args: argparse.Namespace, campaign: Any) -> int:
     b = base.base()
     sched = None
     if args.scrub == "auto" or args.refresh_hours is None:
-        print("computing the tier's scrub schedule from its fault model...", file=sys.stderr)
+        print("computing the tier's scrub schedule from its fault model...", file=sys.stderr,
+              flush=True)
         sched = schedule(b.model(), b.effective_protection(), b.data_bytes, args.target)
     if args.scrub == "auto":
         assert sched is not None
@@ -62,7 +63,11 @@ def run_time_campaign(args: argparse.Namespace, campaign: Any) -> int:
     runs = {"no scrub": replace(base, scrub_hours=None),
             f"scrub every {interval:g} h": replace(base, scrub_hours=interval,
                                                    refresh_hours=refresh)}
-    out: dict[str, Any] = {"tier": b.tier, "model": str(b.fault_model or b.tier),
+    fm = b.fault_model
+    label = (" ".join([str(fm.get("preset") or fm.get("model", "?"))]
+                      + [f"{k}={v}" for k, v in fm.items() if k not in ("preset", "model")])
+             if isinstance(fm, dict) else str(fm or f"{b.tier} default"))
+    out: dict[str, Any] = {"tier": b.tier, "model": label,
                            "protection": b.effective_protection(),
                            "ber_multiplier": b.ber_multiplier, "days": args.days,
                            "residency_hours": base.residency, "target_p_due": args.target,
