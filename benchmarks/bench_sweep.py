@@ -7,8 +7,11 @@ x 2 seeds, reliability and cost (24 short cells: fault campaigns through
 the real read path, CPU-bound). Every run writes a fresh results file. Reported per
 executor, medians over ``--repeat`` runs:
 
-* wall seconds of ``run_sweep`` (worker start-up included; a local Ray is started once
-  before the runs, as a cluster would be, and its start-up time is reported apart);
+* wall seconds of ``run_sweep``. The Ray cluster (local) and the process pool are started
+  once before the runs, as a cluster or a long-lived pool would be, and their start-up
+  (workers importing rkv, numpy and numba) is reported apart; ``process-cold`` is the
+  process executor started by ``run_sweep`` itself, start-up included (what one
+  ``rkv sweep`` command pays);
 * speed-up: serial wall / executor wall (same run);
 * per-cell overhead: (workers x wall - the cells' own time) / the cells' own time, the
   cells' own time being the sum of their ``timings.total_s``: what the executor adds (start
@@ -61,7 +64,14 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/sweep.json")
     args = ap.parse_args()
     sweep = bench_sweep(args.trials)
-    names = ["serial", "process"] + ([] if args.no_ray else ["ray"])
+    names = ["serial", "process", "process-cold"] + ([] if args.no_ray else ["ray"])
+    from rkv.sweep.executors import ProcessExecutor
+
+    t0 = time.perf_counter()
+    pool = ProcessExecutor(args.workers)
+    # One 0.5 s task per worker: returns once every worker has imported the cell code.
+    list(pool.map(time.sleep, [0.5] * args.workers))
+    pool_start_s = time.perf_counter() - t0 - 0.5
     ray_ex = None
     ray_init_s = None
     if "ray" in names:
@@ -75,9 +85,10 @@ def main() -> None:
         once(sweep, "serial", 1)             # warm caches (numba, imports) before timing
         for _ in range(args.repeat):
             for n in names:                   # interleaved: the same load for every executor
-                ex: Any = ray_ex if n == "ray" else n
+                ex: Any = {"ray": ray_ex, "process": pool, "process-cold": "process"}.get(n, n)
                 runs[n].append(once(sweep, ex, 1 if n == "serial" else args.workers))
     finally:
+        pool.close()
         if ray_ex is not None:
             ray_ex.close()
     serial_wall = statistics.median(r.wall_s for r in runs["serial"])
@@ -94,16 +105,17 @@ def main() -> None:
             "overhead": statistics.median(over), "overhead_all": over,
         })
     result = {"benchmark": "bench_sweep", "cpus": os.cpu_count(), "repeat": args.repeat,
-              "trials": args.trials, "ray_init_s": ray_init_s,
+              "trials": args.trials, "ray_init_s": ray_init_s, "pool_start_s": pool_start_s,
               "load_avg": os.getloadavg(), "table": table}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"{len(sweep.cells)} cells, medians of {args.repeat}; load average "
-          f"{os.getloadavg()[0]:.1f}; ray init {ray_init_s or 0:.1f} s")
-    print(f"{'executor':<9} {'workers':>7} {'wall s':>8} {'cells s':>8} {'speed-up':>9} "
+          f"{os.getloadavg()[0]:.1f}; ray init {ray_init_s or 0:.1f} s, process pool start "
+          f"{pool_start_s:.1f} s")
+    print(f"{'executor':<12} {'workers':>7} {'wall s':>8} {'cells s':>8} {'speed-up':>9} "
           f"{'overhead':>9}")
     for row in table:
-        print(f"{row['executor']:<9} {row['workers']:>7} {row['wall_s']:>8.1f} "
+        print(f"{row['executor']:<12} {row['workers']:>7} {row['wall_s']:>8.1f} "
               f"{row['cell_s']:>8.1f} {row['speedup']:>8.2f}x {row['overhead']:>8.1%}")
 
 
