@@ -192,6 +192,8 @@ class EngineConfig:
     patrol scrubber while the store is open for writing: ``enabled = true`` alone takes the
     defaults; ``budget_mbps``, ``tiers``, ``refresh_hours`` (per tier), ``margin``,
     ``interval_hours`` (default: the schedule's shortest), ``batch`` (docs/scrub.md).
+    ``codec_threads``: threads that encode, decode and checksum a put's or get's blocks
+    (the process-wide pool of :mod:`rkv.parallel`); 0 (default) is one per available CPU.
     """
 
     chunk_tokens: int = 256
@@ -205,6 +207,7 @@ class EngineConfig:
     placement: dict[str, Any] = field(default_factory=dict)
     scrub_target_p_due: float = 1e-9
     scrub: dict[str, Any] = field(default_factory=dict)
+    codec_threads: int = 0
 
     def __post_init__(self) -> None:
         _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
@@ -243,6 +246,9 @@ class EngineConfig:
         if not self.scrub_target_p_due < 1.0:
             raise ConfigError(f"scrub_target_p_due must be a probability in (0, 1), got "
                               f"{self.scrub_target_p_due!r}")
+        _number(self.codec_threads, "codec_threads", minimum=0, integer=True)
+        if self.codec_threads > 4096:
+            raise ConfigError(f"codec_threads must be at most 4096, got {self.codec_threads}")
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
