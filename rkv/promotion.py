@@ -1,7 +1,12 @@
 """Moving chunks up the tiers in the background: read promotions and prefetches.
 
-One worker thread per engine runs them, in the order asked, each as one mutation (so they
-take the writer lock like any put). A read that found chunks below the top tier queues them;
+One worker thread per engine runs them, in the order asked. A move takes the writer lock like
+any put, so a long one is cut into mutations of at most :data:`BATCH` chunks: the lock is
+released between them, and puts (and the occasional bookkeeping a read asks for) get in
+while a long prefix climbs from NVMe. Reads never wait for a move: they take no lock, and
+the policy bookkeeping they queue is applied by the worker, not by the reader. A prefetch
+with a byte budget stays one mutation (its prefetch policy chooses among all the chunks at
+once). A read that found chunks below the top tier queues them;
 the engine's promotion policy (``EngineConfig.promote``, e.g. ``"after(n=2)"``) decides
 inside the mutation which move, from the hits the policies have been told about. A prefetch
 moves a whole stored prefix without asking. A failed read promotion is logged and dropped
@@ -17,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from policies.base import Reason
@@ -30,6 +36,9 @@ if TYPE_CHECKING:
     from rkv.engine import Engine
 
 log = logging.getLogger("rkv")
+
+#: Chunks moved per mutation (the writer lock is released between batches).
+BATCH = 4
 
 
 class Promotions:
@@ -53,8 +62,9 @@ class Promotions:
             n += 1
         if not n:
             return
-        if engine._decide.served(keys[:n], time.time()):
-            engine._mutate(lambda txn, pending: None)   # apply the waiting hits
+        if engine._decide.served(keys[:n], time.time()) and not engine.readonly:
+            # Many hits wait: the worker applies them (a reader never waits for the lock).
+            self.submit(engine._mutate, lambda txn, pending: None)
         if engine.config.promote == "never":
             return
         top = engine._decide.order[0]
@@ -88,15 +98,22 @@ class Promotions:
     def run(self, keys: list[bytes], tier: str, from_read: bool,
             budget: int | None = None) -> PrefetchResult:
         engine = self.engine
+        step = len(keys) if budget is not None else BATCH
+        parts: list[PrefetchResult] = []
         try:
-            res: PrefetchResult = engine._mutate(
-                lambda txn, pending: promote(engine, txn, pending, keys, tier, from_read,
-                                             budget))
+            for i in range(0, len(keys), max(1, step)):
+                parts.append(engine._mutate(partial(promote, engine, keys=keys[i:i + step],
+                                                    tier=tier, from_read=from_read,
+                                                    budget=budget)))
         except RkvError as exc:
             if not from_read:
                 raise
             log.warning("read promotion skipped: %s", exc)
-            return PrefetchResult(tier, len(keys), 0, 0, len(keys))
+            done = sum(p.promoted for p in parts)
+            return PrefetchResult(tier, len(keys), done, sum(p.already for p in parts),
+                                  len(keys) - done)
+        res = PrefetchResult(tier, len(keys), *(sum(getattr(p, f) for p in parts) for f in (
+            "promoted", "already", "failed", "evicted_chunks", "demoted_chunks", "skipped")))
         engine._count(promoted_chunks=res.promoted)
         return res
 
