@@ -49,6 +49,7 @@ class Promotions:
         self._worker: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._flush_queued = False
 
     def after_read(self, keys: list[bytes], metas: list[ChunkMeta], done: int) -> None:
         """Tell the policies what a get served (``done`` tokens of ``metas``); queue the
@@ -63,8 +64,12 @@ class Promotions:
         if not n:
             return
         if engine._decide.served(keys[:n], time.time()) and not engine.readonly:
-            # Many hits wait: the worker applies them (a reader never waits for the lock).
-            self.submit(engine._mutate, lambda txn, pending: None)
+            # Many hits wait: the worker applies them (a reader never waits for the lock),
+            # once per batch of hits however many reads ask meanwhile.
+            with self._lock:
+                queued, self._flush_queued = self._flush_queued, True
+            if not queued:
+                self.submit(self._flush)
         if engine.config.promote == "never":
             return
         top = engine._decide.order[0]
@@ -72,6 +77,11 @@ class Promotions:
                if any(t != top for t in m.tiers())]
         if low:
             self.submit(self.run, low, top, True)
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._flush_queued = False
+        self.engine._mutate(lambda txn, pending: None)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         with self._lock:
