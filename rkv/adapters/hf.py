@@ -96,8 +96,11 @@ class HFPrefixCache:
         self.spec = model_spec(model, model_id, revision=revision)
         self.store = store
 
-    def prefill(self, input_ids: Any) -> PrefillResult:
-        """Prefill ``input_ids`` (``[1, T]`` tensor or a list of ints) reusing stored KV."""
+    def prefill(self, input_ids: Any, *, stream: bool = False) -> PrefillResult:
+        """Prefill ``input_ids`` (``[1, T]`` tensor or a list of ints) reusing stored KV.
+        ``stream``: restore layer by layer while the model runs (:meth:`Engine.get_layers`,
+        :mod:`rkv.adapters.hf_stream`), so loading overlaps the prefill; a layer that turns
+        out shorter than the stored prefix (a lost block) falls back to a full restore."""
         import torch
 
         ids = torch.as_tensor(input_ids).reshape(1, -1)
@@ -105,6 +108,10 @@ class HFPrefixCache:
         if not tokens:
             raise ShapeError("empty prompt")
         t0 = time.perf_counter()
+        if stream and len(tokens) > 1:
+            got = self._prefill_streamed(ids, tokens, t0)
+            if got is not None:
+                return got
         # Keep at least one token to compute: the model must produce the next-token logits.
         read = self.engine.get(tokens[:-1], model=self.spec) if len(tokens) > 1 else None
         restored = read.n_tokens if read is not None else 0
@@ -117,3 +124,42 @@ class HFPrefixCache:
             self.engine.put(tokens, kv_from_cache(cache), model=self.spec)
         return PrefillResult(out.logits, cache, restored, len(tokens) - restored, seconds,
                              read if restored else None)
+
+    def _prefill_streamed(self, ids: Any, tokens: list[int], t0: float
+                          ) -> PrefillResult | None:
+        """The streamed restore (None: fall back to a full one)."""
+        import torch
+
+        from rkv.adapters.hf_stream import streamed_cache
+
+        with self.engine.get_layers(tokens[:-1], model=self.spec) as st:
+            restored = st.n_tokens
+            if not restored:
+                return None
+            layers = iter(st)
+
+            def pull() -> tuple[int, np.ndarray]:
+                lk = next(layers)
+                if lk.n_tokens != restored:
+                    raise _Shrunk
+                return lk.layer, lk.kv
+
+            try:
+                cache = streamed_cache(self.model.config, self.spec.n_layers, pull)
+                with torch.no_grad():
+                    out = self.model(ids[:, restored:], cache=cache, use_cache=True)
+                cache.finish()
+                for _ in layers:        # the end of the stream applies its bookkeeping
+                    pass
+            except _Shrunk:
+                return None
+        seconds = time.perf_counter() - t0
+        cache = out.past_key_values
+        if self.store:
+            self.engine.put(tokens, kv_from_cache(cache), model=self.spec)
+        read = GetResult(restored, None, list(st.blocks), st.stored_tokens)
+        return PrefillResult(out.logits, cache, restored, len(tokens) - restored, seconds, read)
+
+
+class _Shrunk(Exception):
+    """A streamed layer verified fewer tokens than the prefill assumed."""

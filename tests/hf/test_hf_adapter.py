@@ -75,3 +75,43 @@ def test_corrupt_stored_kv_is_recomputed_not_used(tiny: object, tmp_path: Path) 
         with torch.no_grad():
             full = model(ids, use_cache=True).logits
         torch.testing.assert_close(warm.logits, full)
+
+
+def test_a_streamed_restore_gives_the_full_restores_logits(tiny: object, tmp_path: Path
+                                                           ) -> None:
+    model = tiny
+    ids = torch.randint(0, 97, (1, 60))
+    with Engine.open(tmp_path / "s", local_config(16)) as e:
+        pc = HFPrefixCache(e, model, model_id="tiny-llama", store=False)
+        HFPrefixCache(e, model, model_id="tiny-llama").prefill(ids[:, :50])
+        full = pc.prefill(ids)
+        streamed = pc.prefill(ids, stream=True)
+        assert streamed.restored_tokens == full.restored_tokens == 48
+        assert torch.equal(streamed.logits, full.logits)
+        assert streamed.read is not None and streamed.read.ok
+        assert len(streamed.read.blocks) == 3 * 2        # 3 chunks x 2 layers
+        for la, lb in zip(streamed.cache.layers, full.cache.layers, strict=True):
+            assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
+def test_a_streamed_restore_that_meets_a_lost_block_falls_back(tiny: object, tmp_path: Path
+                                                               ) -> None:
+    model = tiny
+    ids = torch.randint(0, 97, (1, 40))
+    with Engine.open(tmp_path / "s", local_config(16, repair=False)) as e:
+        pc = HFPrefixCache(e, model, model_id="tiny-llama")
+        pc.prefill(ids)
+        from rkv.keys import as_token_array, block_key, chunk_keys
+        from rkv.record import decode_record
+
+        tier = e.tiers["dram"]
+        second = chunk_keys(as_token_array(ids[0].tolist()), pc.spec.fingerprint(), 16)[1]
+        key = block_key(second, 1)                  # chunk 1, layer 1: after layer 0 ran
+        rec = bytearray(tier.get(key) or b"")
+        rec[decode_record(rec).header_bytes + 11] ^= 0x40
+        tier.put(key, rec)
+        warm = pc.prefill(ids, stream=True)
+        assert warm.restored_tokens == 16           # the verified chunk before it
+        with torch.no_grad():
+            full = model(ids, use_cache=True).logits
+        torch.testing.assert_close(warm.logits[0], full[0, 16:], rtol=1e-4, atol=1e-5)
