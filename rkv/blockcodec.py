@@ -20,19 +20,23 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from rkv.buffers import as_u8
 from rkv.errors import (
     ChecksumError,
     ConfigError,
     CorruptRecordError,
+    IntegrityError,
     UncorrectableError,
     UnknownFormatError,
 )
+from rkv.parallel import pmap, pmap_strict
 from rkv.record import (
     DecodedRecord,
     RecordHeader,
     data_checksum,
     encode_array_record,
     encode_record,
+    encode_split_record,
 )
 from rkv.tensors import numpy_dtype
 
@@ -130,7 +134,13 @@ def encode_block(header: RecordHeader, data: np.ndarray, codec: Codec | None,
         raw = np.frombuffer(quant.encode(np.ascontiguousarray(data)), dtype=np.uint8)
     else:
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-    return _encode_data(header, raw, quant, codec)
+    tail = b"" if codec is None else codec.encode_tail(as_u8(raw))
+    if tail is None:          # not a data || tail layout (byte planes)
+        return _encode_data(header, raw, quant, codec)
+    # The data is copied once, by numpy into the record (without the GIL).
+    final = replace(header, data_len=raw.nbytes, payload_len=raw.nbytes + len(tail),
+                    checksum=data_checksum(raw), codecs=_configs(quant, codec))
+    return encode_split_record(final, raw, tail, alloc)
 
 
 def _encode_data(header: RecordHeader, raw: np.ndarray, quant: Quantizer | None,
@@ -241,6 +251,54 @@ def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
     raw = np.frombuffer(bytes(data), dtype=np.uint8)
     return _encode_data(replace(dec.header, checksum=bytes(16), written_ns=stamp), raw, quant,
                         codec)
+
+
+# -- many blocks on the codec pool ------------------------------------------------------------
+class BlockToEncode(NamedTuple):
+    """One block for :func:`encode_blocks`: the arguments of :func:`encode_block`."""
+
+    header: RecordHeader
+    data: np.ndarray
+    codec: Codec | None
+    quant: Quantizer | None = None
+
+
+def encode_blocks(blocks: Sequence[BlockToEncode]) -> list[Any]:
+    """The records of ``blocks``, encoded on the codec thread pool (:mod:`rkv.parallel`):
+    byte for byte what :func:`encode_block` gives one at a time. Each record gets its own
+    buffer (a batch cannot share a scratch buffer); a batch too small to pay for threads is
+    encoded inline. Raises what the first failing block would raise."""
+    nbytes = sum(b.data.nbytes for b in blocks)
+    return pmap_strict(_encode_one, blocks, nbytes=nbytes)
+
+
+def _encode_one(b: BlockToEncode) -> Any:
+    return encode_block(b.header, b.data, b.codec, None, b.quant)
+
+
+class BlockToRead(NamedTuple):
+    """One block for :func:`read_blocks`: the arguments of :func:`read_block`."""
+
+    dec: DecodedRecord
+    dest: np.ndarray | None
+    erased: Sequence[tuple[int, int]] = ()
+
+
+def read_blocks(blocks: Sequence[BlockToRead]) -> list[Verified | IntegrityError]:
+    """:func:`read_block` of every block on the codec thread pool, in order: per block its
+    :class:`Verified` outcome or the IntegrityError the serial call raises (checksum,
+    uncorrectable, ...); the same statuses and counts as one at a time. Every block is
+    tried; any other exception (a bug, not damage) is raised."""
+    nbytes = sum(b.dec.header.payload_len for b in blocks)
+    out = pmap(_read_one, blocks, nbytes=nbytes, capture=True)
+    for r in out:
+        if isinstance(r, BaseException) and not isinstance(r, IntegrityError):
+            raise r
+    return out  # type: ignore[return-value]
+
+
+def _read_one(b: BlockToRead) -> Verified:
+    return read_block(b.dec, b.dest, b.erased)
 
 
 def restamp(dec: DecodedRecord, written_ns: int | None) -> Any:

@@ -41,7 +41,10 @@ class DigestCodec(Codec):
 
     def encode(self, data: BytesLike) -> bytes:
         d = as_u8(data)
-        return b"".join((d.data, self.digest(d).to_bytes(self.digest_size, "little")))
+        return b"".join((d.data, self.encode_tail(d)))
+
+    def encode_tail(self, data: U8) -> bytes:
+        return self.digest(data).to_bytes(self.digest_size, "little")
 
     def encoded_size(self, n: int) -> int:
         if n < 0:

@@ -34,6 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from rkv.ecc._jit import jit, jit_inline
+from rkv.parallel import prange
 
 Arr = npt.NDArray[Any]
 
@@ -426,10 +427,11 @@ def lfsr_parity(data: Arr, starts: Arr, lens: Arr, tables: Arr, w: int) -> npt.N
     """
     ncw = int(starts.shape[0])
     out = np.empty((ncw, w), dtype=np.uint64)
-    if ncw:
-        kern = _VEC_KERNELS.get(w)
-        if kern is not None:
-            kern(data, starts, lens, tables, out)
-        else:
-            _lfsr_gen(data, starts, lens, tables, out)
+    kern = _VEC_KERNELS.get(w, _lfsr_gen)
+
+    def run(a: int, z: int) -> None:  # codewords a..z-1: contiguous slices, same kernel
+        kern(data, starts[a:z], lens[a:z], tables, out[a:z])
+
+    # A large block's codewords are split over the codec pool (inline when small).
+    prange(run, ncw, int(data.shape[0]))
     return out.view(np.uint8).reshape(ncw, 8 * w)

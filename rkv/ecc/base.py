@@ -148,6 +148,13 @@ class Codec(Configured, ABC):
     def encode(self, data: BytesLike) -> bytes:
         """Encode ``data`` (any bytes-like object or numpy array, taken as raw bytes)."""
 
+    def encode_tail(self, data: U8) -> bytes | None:
+        """The bytes that follow the data in ``encode(data)`` when the layout is
+        ``data || tail`` (every systematic code here but byte planes), else None. A caller
+        that places the data itself (the record encoder: one numpy copy, without the GIL)
+        needs only this; ``data`` is a read-only uint8 array (:func:`as_u8`)."""
+        return None
+
     @abstractmethod
     def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
         """Decode an encoded buffer.

@@ -210,11 +210,15 @@ class BCHCodec(Codec):
     # ---------------------------------------------------------------- coding
     def encode(self, data: BytesLike) -> bytes:
         d = as_u8(data)
-        if d.shape[0] == 0:
+        return b"".join((d.data, self.encode_tail(d)))
+
+    def encode_tail(self, data: U8) -> bytes:
+        """The ecc bytes of every chunk, after the data."""
+        if data.shape[0] == 0:
             return b""
-        starts, lens = self._chunks(d.shape[0])
-        par = lfsr_parity(d, starts, lens, self._tables, self._w)
-        return b"".join((d.data, np.ascontiguousarray(par[:, : self._eb]).data))
+        starts, lens = self._chunks(data.shape[0])
+        par = lfsr_parity(data, starts, lens, self._tables, self._w)
+        return np.ascontiguousarray(par[:, : self._eb]).tobytes()
 
     def systematic_data(self, buf: BytesLike) -> U8:
         b = as_u8(buf)

@@ -34,6 +34,9 @@ class NoneCodec(Codec):
     def encode(self, data: BytesLike) -> bytes:
         return as_u8(data).tobytes()
 
+    def encode_tail(self, data: U8) -> bytes:
+        return b""
+
     def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
         b = as_u8(buf)
         normalize_erasures(erasures, b.shape[0])

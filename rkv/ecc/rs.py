@@ -52,10 +52,13 @@ from rkv.ecc.base import (
 )
 from rkv.ecc.gf import gf256, rs_slicing_tables
 from rkv.errors import ConfigError, CorruptRecordError
+from rkv.parallel import prange
 
 I64 = npt.NDArray[np.int64]
 
 MAX_INTERLEAVE = 1 << 16
+#: Damaged codewords per thread when one block's decoding is split across the codec pool.
+DECODE_PIECE = 128
 
 
 class RSCodec(Codec):
@@ -227,15 +230,18 @@ class RSCodec(Codec):
     # ---------------------------------------------------------------- coding
     def encode(self, data: BytesLike) -> bytes:
         d = as_u8(data)
-        size = d.shape[0]
+        return b"".join((d.data, self.encode_tail(d)))
+
+    def encode_tail(self, data: U8) -> bytes:
+        """The parity stream that follows the data."""
+        size = data.shape[0]
         if size == 0:
             return b""
         lens = self._lens(size)
         starts = np.zeros_like(lens)
         np.cumsum(lens[:-1], out=starts[1:])
-        par = lfsr_parity(self._to_codewords(d), starts, lens, self._tables, self._w)
-        stream = self._parity_to_stream(par[:, : self._nsym], size)
-        return b"".join((d.data, stream.data))
+        par = lfsr_parity(self._to_codewords(data), starts, lens, self._tables, self._w)
+        return self._parity_to_stream(par[:, : self._nsym], size).tobytes()
 
     def systematic_data(self, buf: BytesLike) -> U8:
         b = as_u8(buf)
@@ -286,9 +292,12 @@ class RSCodec(Codec):
         out_mag = np.zeros((bad.size, nsym), dtype=np.int64)
         out_cnt = np.zeros(bad.size, dtype=np.int64)
         nlens = np.ascontiguousarray(lens[bad] + nsym)
-        _gfcore.rs_decode_batch(
-            sub, nlens, eptr, epos, f.exp, f.log, f.qsol, out_pos, out_mag, out_cnt
-        )
+
+        def solve(a: int, z: int) -> None:   # codewords a..z-1 (eptr indexes all of epos)
+            _gfcore.rs_decode_batch(sub[a:z], nlens[a:z], eptr[a:z + 1], epos, f.exp, f.log,
+                                    f.qsol, out_pos[a:z], out_mag[a:z], out_cnt[a:z])
+
+        prange(solve, bad.size, bad.size, DECODE_PIECE)
         failed = out_cnt < 0
         if failed.any():
             return uncorrectable(

@@ -200,6 +200,11 @@ class ShardRSCodec(Codec):
 
     def encode(self, data: BytesLike) -> bytes:
         d = as_u8(data)
+        return b"".join((d.data, self.encode_tail(d)))
+
+    def encode_tail(self, data: U8) -> bytes:
+        """Padding, length field, parity shards and checksums: all that follows the data."""
+        d = data
         size = d.shape[0]
         k = self._k
         s = self.shard_size(size)
@@ -216,7 +221,7 @@ class ShardRSCodec(Codec):
         sums = [dig(d[j * s : (j + 1) * s]) for j in range(j0)]
         sums += [dig(tail[j * s : (j + 1) * s]) for j in range(k - j0)]
         sums += [dig(pb[j * s : (j + 1) * s]) for j in range(self._m)]
-        return b"".join((d.data, tail[size - j0 * s :].data, pb.data, *sums))
+        return b"".join((tail[size - j0 * s :].data, pb.data, *sums))
 
     def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
         """Decode; ``erasures`` (byte offsets) mark the shards holding them as lost."""
