@@ -116,18 +116,20 @@ def in_pool_work() -> bool:
     return getattr(_local, "depth", 0) > 0
 
 
-def _workers(n_items: int, nbytes: int | None, min_bytes: int) -> int:
-    if n_items < 2 or in_pool_work() or (nbytes is not None and nbytes < min_bytes):
+def _workers(n_items: int, nbytes: int | None, min_bytes: int | None) -> int:
+    floor = MIN_PARALLEL_BYTES if min_bytes is None else min_bytes
+    if n_items < 2 or in_pool_work() or (nbytes is not None and nbytes < floor):
         return 1
     return min(_resolved(), n_items)
 
 
 def pmap(fn: Callable[[T], R], items: Sequence[T], *, nbytes: int | None = None,
-         min_bytes: int = MIN_PARALLEL_BYTES, capture: bool = False
+         min_bytes: int | None = None, capture: bool = False
          ) -> list[R | BaseException]:
     """``[fn(x) for x in items]`` on the pool's threads, results in order.
 
-    ``nbytes``: the work's size, when known; under ``min_bytes`` it all runs inline, as does
+    ``nbytes``: the work's size, when known; under ``min_bytes`` (default
+    :data:`MIN_PARALLEL_BYTES`) it all runs inline, as does
     a single item. ``capture=False``: the first failing item's exception (by position, as
     the serial loop would raise it) is raised after every started item has finished.
     ``capture=True``: an item that raises gets its exception in its place in the list and
@@ -157,7 +159,7 @@ def pmap(fn: Callable[[T], R], items: Sequence[T], *, nbytes: int | None = None,
 
 
 def pmap_strict(fn: Callable[[T], R], items: Sequence[T], *, nbytes: int | None = None,
-                min_bytes: int = MIN_PARALLEL_BYTES) -> list[R]:
+                min_bytes: int | None = None) -> list[R]:
     """:func:`pmap` that raises the first failure: every element is a result."""
     return pmap(fn, items, nbytes=nbytes, min_bytes=min_bytes)  # type: ignore[return-value]
 
@@ -193,11 +195,13 @@ def pieces(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def prange(fn: Callable[[int, int], None], n: int, nbytes: int,
-           min_piece: int = MIN_PIECE_BYTES) -> None:
+           min_piece: int | None = None) -> None:
     """Run ``fn(start, stop)`` over pieces of ``range(n)`` on the pool, or ``fn(0, n)`` inline
-    when ``nbytes`` of work would not give each thread ``min_piece`` bytes (or from inside
-    pool work). ``fn`` must write only what belongs to its piece."""
-    parts = 1 if in_pool_work() else min(_resolved(), nbytes // max(1, min_piece))
+    when ``nbytes`` of work would not give each thread ``min_piece`` bytes (default
+    :data:`MIN_PIECE_BYTES`), or from inside pool work. ``fn`` must write only what belongs
+    to its piece."""
+    piece = MIN_PIECE_BYTES if min_piece is None else max(1, min_piece)
+    parts = 1 if in_pool_work() else min(_resolved(), nbytes // piece)
     if parts <= 1 or n < 2:
         if n:
             fn(0, n)
