@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
 from functools import partial
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rkv.ages import BlockAge, Clock, block_ages
+from rkv.batch import get_many, put_many
 from rkv.blockcodec import codec_for, quantizer_for
 from rkv.config import EngineConfig
 from rkv.decisions import Decisions
@@ -25,12 +26,11 @@ from rkv.errors import (
     ConfigError,
     ReadOnlyStoreError,
     RkvError,
-    ShapeError,
     StoreClosedError,
     StoreError,
 )
 from rkv.index import Index
-from rkv.keys import as_token_array, chunk_bounds, chunk_keys
+from rkv.keys import as_token_array, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
 from rkv.promotion import Promotions
 from rkv.readpath import ReadPath
@@ -53,10 +53,10 @@ from rkv.store import (
     resolve_tier_path,
     store_id_at,
 )
-from rkv.tensors import as_kv_array, numpy_dtype, to_output
+from rkv.streaming import LayerStream
 from rkv.tiers import LmdbTier, Tier, TierSpec, open_tier
 from rkv.txn import Hooks, Mutator, Pending
-from rkv.writepath import PutPlan, clear_chunks, delete_chunks, put_targets, write_chunks
+from rkv.writepath import clear_chunks, delete_chunks
 
 log = logging.getLogger("rkv")
 
@@ -272,34 +272,15 @@ class Engine:
         head_dim]`` in the model's dtype; ``placement``: this put's own targets over the
         store's (e.g. ``{"max_p_due": 1e-12}``). All is validated before anything is written.
         """
-        spec, fp, toks, keys = self._prepare(tokens, model)
-        arr, over = as_kv_array(kv, spec, len(toks)), put_targets(self, placement)
-        if self._log is not None:
-            self._log.record("put", fp, keys, len(toks))
-        if not keys:
-            return PutResult(0, 0, 0, 0, 0, 0)
-        if self.readonly:
-            raise ReadOnlyStoreError(f"{self.root} is open read-only")
-        with self._index.env.read() as txn:
-            metas, _ = self._reads.stored(txn, keys)
-        if len(metas) == len(keys) and metas[-1].end:
-            self._decide.used(keys, time.time())
-            self._touch(keys)
-            with self._lock:
-                self._counters["puts"] += 1
-                self._counters["chunks_deduped"] += len(keys)
-            return PutResult(len(toks), len(keys), 0, len(keys), 0, 0)
-        plan = PutPlan(keys, chunk_bounds(len(toks), self.config.chunk_tokens)[: len(keys)],
-                       spec, fp, arr, len(toks), over)
-        result: PutResult = self._mutate(partial(write_chunks, self, plan))
-        self._touch(keys)
-        with self._lock:
-            c = self._counters
-            c["puts"] += 1
-            for name in ("chunks_written", "chunks_deduped", "blocks_written", "bytes_written",
-                         "evicted_chunks", "demoted_chunks", "chunks_refused"):
-                c[name] += getattr(result, name)
-        return result
+        return self.put_many([(tokens, kv)], model=model, placement=placement)[0]
+
+    def put_many(self, items: Sequence[tuple[Any, Any]], *,
+                 model: ModelSpec | dict[str, Any],
+                 placement: dict[str, Any] | None = None) -> list[PutResult]:
+        """:meth:`put` of each ``(tokens, kv)`` in order, in one mutation (one index write
+        transaction, one write batch per tier); a failure while writing stores none of them.
+        """
+        return put_many(self, items, model, placement)
 
     # -- the read path ------------------------------------------------------------------------
     def lookup(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
@@ -324,54 +305,22 @@ class Engine:
         is filled in place instead of allocating, e.g. a serving engine's preallocated buffer;
         positions past ``n_tokens`` are unspecified.
         """
-        spec, fp, toks, keys = self._prepare(tokens, model)
-        if self._log is not None:
-            self._log.record("get", fp, keys, len(toks))
-        self._decide.release(keys)      # the request ran: its prefetch hold is over
-        with self._index.env.read() as txn:
-            metas, damaged = self._reads.stored(txn, keys)
-        stored = sum(m.n_tokens for m in metas)
-        dtype = numpy_dtype(spec.dtype)
-        if out is None:
-            out = np.empty((spec.n_layers, 2, stored, spec.n_kv_heads, spec.head_dim), dtype)
-        else:
-            want = (spec.n_layers, 2, len(toks), spec.n_kv_heads, spec.head_dim)
-            if (not isinstance(out, np.ndarray) or out.dtype != dtype or out.ndim != 5
-                    or out.shape[:2] != want[:2] or out.shape[3:] != want[3:]
-                    or out.shape[2] < stored or not out.flags.writeable):
-                raise ShapeError(
-                    f"out must be a writeable {dtype} numpy array shaped {want} (or longer "
-                    "along tokens)"
-                )
-        reading = keys[: len(metas)]
-        self._decide.reading(reading, +1)
-        try:
-            statuses, done = self._reads.read_chunks(keys, metas, fp, spec, out, strict)
-        finally:
-            self._decide.reading(reading, -1)
-        if damaged is not None and done == stored:
-            if strict:
-                raise damaged
-            statuses.append(BlockStatus(len(metas), 0, "index", UNCORRECTABLE, 0, damaged))
-            bounds = chunk_bounds(len(toks), self.config.chunk_tokens)
-            stored += bounds[len(metas)][1] - bounds[len(metas)][0]
-        if self.config.repair and not self.readonly:
-            fixes = [(keys[st.chunk], st.layer, st.tier) for st in statuses
-                     if st.status == CORRECTED]
-            if fixes:
-                self._repair(fixes)
-        self._touch(keys[: len(metas)])
-        if not self.readonly:
-            self._promotions.after_read(keys, metas, done)
-        with self._lock:
-            c = self._counters
-            c["gets"] += 1
-            c["hits"] += int(done > 0)
-            c["blocks_read"] += len(statuses)
-            for st in statuses:
-                c[f"blocks_{st.status}"] += 1
-        kv = out if out.shape[2] == done else out[:, :, :done]
-        return GetResult(done, to_output(kv, spec.dtype, as_torch), statuses, stored)
+        return self.get_many([tokens], model=model, as_torch=as_torch, strict=strict,
+                             out=None if out is None else [out])[0]
+
+    def get_many(self, requests: Sequence[Any], *, model: ModelSpec | dict[str, Any],
+                 as_torch: bool = False, strict: bool = False,
+                 out: Sequence[np.ndarray | None] | None = None) -> list[GetResult]:
+        """:meth:`get` of each token sequence in ``requests``, every block read in one
+        snapshot per tier; ``out``: a buffer (or None) per request."""
+        return get_many(self, requests, model, out, as_torch, strict)
+
+    def get_layers(self, tokens: Any, *, model: ModelSpec | dict[str, Any],
+                   out: np.ndarray | None = None, ahead: int = 2) -> LayerStream:
+        """The verified KV of the stored prefix of ``tokens``, layer by layer, as soon as each
+        layer is verified; later layers are read in a background thread (``ahead`` layers at
+        most). See :class:`rkv.streaming.LayerStream` for the prefix rule."""
+        return LayerStream(self, tokens, model, out, ahead)
 
     def prefetch(self, tokens: Any, *, model: ModelSpec | dict[str, Any],
                  tier: str | None = None, hold: float | None = 60.0,

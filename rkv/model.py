@@ -94,11 +94,16 @@ class ModelSpec:
             raise ConfigError(f"bad model spec: {exc}") from exc
 
     def fingerprint(self) -> bytes:
-        """16-byte blake2b digest of the canonical JSON form of this spec."""
-        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.blake2b(
-            canon.encode(), digest_size=FINGERPRINT_BYTES, person=b"rkv-model-v1"
-        ).digest()
+        """16-byte blake2b digest of the canonical JSON form of this spec (computed once per
+        spec object: every put and get needs it, and the spec is frozen)."""
+        fp: bytes | None = self.__dict__.get("_fingerprint")
+        if fp is None:
+            canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+            fp = hashlib.blake2b(
+                canon.encode(), digest_size=FINGERPRINT_BYTES, person=b"rkv-model-v1"
+            ).digest()
+            object.__setattr__(self, "_fingerprint", fp)
+        return fp
 
 
 def as_model_spec(model: ModelSpec | dict[str, Any]) -> ModelSpec:

@@ -7,7 +7,7 @@ identity, checksum, ECC on a mismatch) and reports a status per block. Only the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from typing import Any
 
@@ -18,16 +18,33 @@ from rkv.errors import (
     CorruptRecordError,
     CorruptStoreError,
     IntegrityError,
+    MediumError,
     MissingRecordError,
     RecordMismatchError,
 )
+from rkv.fastcheck import FastCheck
 from rkv.index import ChunkMeta, Index
 from rkv.keys import block_key
 from rkv.model import ModelSpec
 from rkv.record import decode_record
-from rkv.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE, BlockStatus
+from rkv.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE, BlockLog, BlockStatus
 from rkv.tiers import Tier, TierReader
-from rkv.tiers.base import fetch
+from rkv.tiers.base import Erased, fetch
+
+
+class Readers:
+    """One snapshot per tier, opened on first use and closed with ``stack``: every block of
+    a read (or of several, for get_many) comes from the same snapshots."""
+
+    def __init__(self, tiers: dict[str, Tier], stack: ExitStack) -> None:
+        self.tiers, self.stack = tiers, stack
+        self.open: dict[str, TierReader] = {}
+
+    def __call__(self, tier: str) -> TierReader:
+        r = self.open.get(tier)
+        if r is None:
+            r = self.open[tier] = self.stack.enter_context(self.tiers[tier].reader())
+        return r
 
 
 class ReadPath:
@@ -52,36 +69,60 @@ class ReadPath:
         return metas, None
 
     def read_chunks(self, keys: list[bytes], metas: list[ChunkMeta], fp: bytes,
-                    spec: ModelSpec, out: np.ndarray, strict: bool
-                    ) -> tuple[list[BlockStatus], int]:
+                    spec: ModelSpec, out: np.ndarray, strict: bool,
+                    readers: Readers | None = None) -> tuple[BlockLog, int]:
         """Read the chunks ``metas`` into ``out`` until one has a bad block; returns every
-        block's status and the tokens verified. ``strict`` raises the first error instead."""
-        statuses: list[BlockStatus] = []
+        block's status (compactly) and the tokens verified. ``strict`` raises the first
+        error instead. ``readers``: tier snapshots shared with other reads (get_many)."""
+        log = BlockLog()
         done = 0
         with ExitStack() as stack:
-            readers: dict[str, TierReader] = {}
-
-            def reader(tier: str) -> TierReader:
-                if tier not in readers:
-                    readers[tier] = stack.enter_context(self.tiers[tier].reader())
-                return readers[tier]
-
+            reader = readers or Readers(self.tiers, stack)
             for ci, meta in enumerate(metas):
-                good = True
                 n = meta.n_tokens
-                for layer in range(spec.n_layers):
-                    st = self.read_block(reader, keys[ci], ci, layer, meta, fp, spec,
-                                         out[layer, :, done:done + n])
-                    statuses.append(st)
-                    if st.status in (UNCORRECTABLE, MISSING):
-                        good = False
-                        if strict:
-                            assert st.error is not None
-                            raise st.error
-                if not good:
+                bad = self.read_layers(reader, keys[ci], ci, meta, fp, spec,
+                                       range(spec.n_layers), out[:, :, done:done + n], log,
+                                       strict)
+                if bad:
                     break
                 done += n
-        return statuses, done
+        return log, done
+
+    def read_layers(self, reader: Readers, key: bytes, ci: int, meta: ChunkMeta, fp: bytes,
+                    spec: ModelSpec, layers: Iterable[int], dest: np.ndarray, log: BlockLog,
+                    strict: bool, check: FastCheck | None = None) -> bool:
+        """Read ``layers`` of one chunk into ``dest[layer]`` (``[layers, 2, n, ...]``),
+        logging each block; True when one was uncorrectable or missing.
+
+        A clean record (current format, no codecs, every prelude and the first header copy
+        as expected, its checksum right) takes :class:`FastCheck`; anything else goes, with
+        the bytes already read, through :meth:`read_block`: same statuses, same errors."""
+        tiers = tuple(t for t, _ in meta.blocks)
+        log.chunks.append((ci, tiers[:spec.n_layers] + ("?",) * (spec.n_layers - len(tiers))))
+        check = check or FastCheck(key, fp, spec, meta.n_tokens)
+        bad = False
+        for layer in layers:
+            d = dest[layer]
+            got: Any = None
+            fetched: tuple[Any, Erased] | None = (None, ())
+            if layer < len(tiers) and tiers[layer] in self.tiers:
+                try:
+                    got = reader(tiers[layer]).get(block_key(key, layer))
+                    fetched = (got, ())
+                except MediumError as exc:
+                    fetched = None if exc.data is None else (exc.data, exc.ranges)
+                except IntegrityError:
+                    fetched = None      # read_block reads again and reports it
+                if got is not None and check.copy(got, layer, meta.blocks[layer][1], d):
+                    continue
+            st = self.read_block(reader, key, ci, layer, meta, fp, spec, d, fetched)
+            log.special[ci, layer] = st
+            if st.status in (UNCORRECTABLE, MISSING):
+                bad = True
+                if strict:
+                    assert st.error is not None
+                    raise st.error
+        return bad
 
     def check_block(self, key: bytes, layer: int, meta: ChunkMeta, spec: ModelSpec
                     ) -> BlockStatus:
@@ -91,8 +132,11 @@ class ReadPath:
                                    key, meta.pos, layer, meta, meta.fingerprint, spec, None)
 
     def read_block(self, reader: Callable[[str], TierReader], key: bytes, ci: int, layer: int,
-                    meta: ChunkMeta, fp: bytes, spec: ModelSpec, dest: np.ndarray | None
-                    ) -> BlockStatus:
+                    meta: ChunkMeta, fp: bytes, spec: ModelSpec, dest: np.ndarray | None,
+                    fetched: tuple[Any, Erased] | None = None) -> BlockStatus:
+        """One block, fully checked (header vote, identity, checksum, ECC); ``fetched``: the
+        record and erasures already read from the tier (a read is never repeated: a
+        transient fault would not be there the second time)."""
         tier = meta.blocks[layer][0] if layer < len(meta.blocks) else "?"
         bkey = block_key(key, layer)
         try:
@@ -102,7 +146,7 @@ class ReadPath:
                 )
             if tier not in self.tiers:
                 raise MissingRecordError(f"tier {tier} is not configured")
-            rec, erased = fetch(reader(tier), bkey)
+            rec, erased = fetched if fetched is not None else fetch(reader(tier), bkey)
             if rec is not None:
                 repairs, corrected, degraded = self.verify_into(
                     rec, key, layer, fp, spec, meta.n_tokens, dest, meta.blocks[layer][1],

@@ -28,28 +28,76 @@ class BlockStatus:
     header_repairs: int = 0       # header/prelude copies that were outvoted or skipped
 
 
-@dataclass(frozen=True)
-class GetResult:
-    """KV for the longest verified stored prefix of the requested tokens."""
+class BlockLog:
+    """Block outcomes of one read, kept compactly: the chunks read (their tiers per layer,
+    from the index) and a :class:`BlockStatus` only for blocks that were not plainly ok. The
+    fast path of a clean read makes no per-block object; the full list is built on demand."""
 
-    n_tokens: int
-    kv: Any                       # [layers, 2, n_tokens, kv_heads, head_dim], numpy or torch
-    blocks: list[BlockStatus]
-    stored_tokens: int            # what the index promised before verification
+    __slots__ = ("chunks", "extra", "special")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[int, tuple[str, ...]]] = []   # (chunk, tier of each layer)
+        self.special: dict[tuple[int, int], BlockStatus] = {}
+        self.extra: list[BlockStatus] = []                      # after the chunks (index)
+
+    def __len__(self) -> int:
+        return sum(len(t) for _, t in self.chunks) + len(self.extra)
+
+    def statuses(self) -> list[BlockStatus]:
+        sp = self.special
+        out = [sp.get((ci, layer)) or BlockStatus(ci, layer, tier, OK)
+               for ci, tiers in self.chunks for layer, tier in enumerate(tiers)]
+        return out + self.extra
+
+    def counts(self) -> Counter[str]:
+        c = Counter(b.status for b in (*self.special.values(), *self.extra))
+        c[OK] += len(self) - sum(c.values())
+        return c
+
+
+class GetResult:
+    """KV for the longest verified stored prefix of the requested tokens.
+
+    ``blocks`` (a :class:`BlockStatus` per block read) is built on first access: a clean read
+    of thousands of blocks makes no per-block object unless the caller asks for them."""
+
+    __slots__ = ("_blocks", "kv", "n_tokens", "stored_tokens")
+
+    def __init__(self, n_tokens: int, kv: Any, blocks: list[BlockStatus] | BlockLog,
+                 stored_tokens: int) -> None:
+        self.n_tokens = n_tokens
+        self.kv = kv                  # [layers, 2, n_tokens, kv_heads, head_dim], numpy or torch
+        self._blocks = blocks
+        self.stored_tokens = stored_tokens   # what the index promised before verification
+
+    def __repr__(self) -> str:
+        return (f"GetResult(n_tokens={self.n_tokens}, stored_tokens={self.stored_tokens}, "
+                f"counts={self.counts})")
+
+    @property
+    def blocks(self) -> list[BlockStatus]:
+        if isinstance(self._blocks, BlockLog):
+            self._blocks = self._blocks.statuses()
+        return self._blocks
+
+    def _special(self) -> list[BlockStatus]:
+        b = self._blocks
+        return [*b.special.values(), *b.extra] if isinstance(b, BlockLog) else b
 
     @property
     def counts(self) -> dict[str, int]:
-        c = Counter(b.status for b in self.blocks)
+        b = self._blocks
+        c = b.counts() if isinstance(b, BlockLog) else Counter(x.status for x in b)
         return {s: c.get(s, 0) for s in (OK, CORRECTED, DEGRADED, UNCORRECTABLE, MISSING)}
 
     @property
     def degraded(self) -> int:
         """Blocks returned with an unverified tolerant part (bounded noise)."""
-        return sum(1 for b in self.blocks if b.status == DEGRADED)
+        return sum(1 for b in self._special() if b.status == DEGRADED)
 
     @property
     def corrected(self) -> int:
-        return sum(b.corrected for b in self.blocks)
+        return sum(b.corrected for b in self._special())
 
     @property
     def ok(self) -> bool:

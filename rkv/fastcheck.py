@@ -1,0 +1,85 @@
+"""The read path's fast check of a clean raw record: a few byte compares instead of a parse.
+
+Most reads meet records exactly as written: current format, no codecs, the three prelude copies
+equal, the first header copy intact. For such a record :func:`rkv.record.decode_record` would
+take that first copy (zero repairs) and the block codec would only compare the checksum. This
+module checks exactly that with byte compares against what the header of that block must say
+(key, fingerprint, layer, dtype, shape, lengths: all known before the read), the header copy's
+own xxh3-64 seal and the end-to-end xxh3-128 of the payload, then copies the payload out.
+Anything else (an outvoted copy, a codec, an old format, a bad checksum) returns False and the
+caller runs the full decode on the same bytes, so statuses, errors and repairs are the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from rkv.model import ModelSpec
+from rkv.record import (
+    FORMAT_VERSION,
+    HEADER_CHECK_BYTES,
+    MAGIC,
+    PRELUDE_BYTES,
+    RecordHeader,
+    payload_offset,
+)
+from rkv.tensors import numpy_dtype
+
+_P2 = 2 * PRELUDE_BYTES
+_PROBE = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16), shape=(2, 1, 1, 1),
+                      dtype="float16", data_len=2, payload_len=2, checksum=b"\xa5" * 16,
+                      written_ns=0x0102030405060708).to_bytes()
+#: Offsets in a header body (checked against the record module's own layout at import).
+_LAYER, _CK = 48, _PROBE.index(b"\xa5" * 16)
+_WRITTEN = _CK + 16
+_CLEN = _WRITTEN + 8
+assert _PROBE[_WRITTEN:_CLEN] == (0x0102030405060708).to_bytes(8, "little")
+assert len(_PROBE) == _CLEN + 2 and _PROBE[_LAYER:_LAYER + 2] == b"\0\0"
+_HLEN = len(_PROBE) + HEADER_CHECK_BYTES
+_OFF = payload_offset(_HLEN)
+_PRE = MAGIC + bytes([FORMAT_VERSION, 0]) + _HLEN.to_bytes(2, "little")
+_LEAD = _P2 + _HLEN                      # both leading preludes and the first header copy
+_xxh64 = xxhash.xxh3_64_intdigest
+_xxh128 = xxhash.xxh3_128_digest
+
+
+class FastCheck:
+    """What every record of one chunk (any layer) must look like, precomputed once."""
+
+    __slots__ = ("count", "dtype", "fixed", "nbytes", "shape", "tail", "total")
+
+    def __init__(self, key: bytes, fp: bytes, spec: ModelSpec, n_tokens: int) -> None:
+        self.shape = spec.block_shape(n_tokens)
+        self.dtype = numpy_dtype(spec.dtype)
+        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        self.count = self.nbytes // self.dtype.itemsize
+        body = RecordHeader(key=key, layer=0, fingerprint=fp, shape=self.shape,
+                            dtype=spec.dtype, data_len=self.nbytes,
+                            payload_len=self.nbytes).to_bytes()
+        self.fixed = _PRE * 2 + body[:_LAYER]              # preludes, key, fingerprint
+        self.tail = body[_LAYER + 2:_CK]                    # dtype, shape, lengths, algorithm
+        self.total = _OFF + self.nbytes + _HLEN + PRELUDE_BYTES
+
+    def copy(self, rec: Any, layer: int, size: int, dest: np.ndarray) -> bool:
+        """Verify ``rec`` as block ``layer`` (``size``: its length in the index) and copy its
+        data into ``dest``; False (``dest`` untouched) when the full decode must judge it."""
+        mv = rec if type(rec) is memoryview else memoryview(rec)
+        if mv.nbytes != self.total or size != self.total:
+            return False
+        head = bytes(mv[:_LEAD])
+        h = _P2 + _LAYER
+        if (head[:h] != self.fixed or int.from_bytes(head[h:h + 2], "little") != layer
+                or head[h + 2:_P2 + _CK] != self.tail
+                or head[_P2 + _CLEN:_P2 + _CLEN + 2] != b"\0\0"
+                or bytes(mv[self.total - PRELUDE_BYTES:]) != _PRE
+                or _xxh64(_PRE + head[_P2:_LEAD - HEADER_CHECK_BYTES])
+                != int.from_bytes(head[_LEAD - HEADER_CHECK_BYTES:], "little")):
+            return False
+        payload = mv[_OFF:_OFF + self.nbytes]
+        if _xxh128(payload) != head[_P2 + _CK:_P2 + _CK + 16]:
+            return False
+        dest[...] = np.frombuffer(payload, self.dtype, self.count).reshape(self.shape)
+        return True

@@ -1,0 +1,188 @@
+"""Layer streaming: a stored prefix's KV handed out layer by layer, as each is verified.
+
+A serving engine restoring a prefix runs attention layer by layer; with :meth:`Engine.get`
+it waits for every layer first. :class:`LayerStream` reads layer 0 of every chunk of the
+prefix, verifies it and yields it while a background thread reads and verifies the next
+layers (at most ``ahead`` layers are waiting), so the consumer's work on layer 0 overlaps the
+loading of the rest.
+
+**The prefix rule.** The prefix length comes from the index first (the stored prefix, as
+:meth:`Engine.lookup`). Each layer is read over the chunks of the current prefix. A block
+that is uncorrectable or missing in chunk ``c`` (a DUE) cuts the prefix to the chunks before
+``c``, for that layer and every later one: the verified prefix of the stream is the minimum
+over its layers. Each :class:`LayerKV` carries ``n_tokens``, the verified prefix over that
+layer and every earlier one (non-increasing along the stream; the stream's final
+``n_tokens`` is the last one). Layers already handed out are not changed: their first
+``n_tokens`` positions stay valid (causal attention at a position never depends on later
+positions), and the caller recomputes from token ``n_tokens`` on, in every layer.
+
+The background thread reads in its own snapshot of each tier, opened at its start: a chunk
+evicted or deleted while the stream runs is still read whole from that snapshot. Closing the
+stream early (``close()``, leaving a ``with`` block, or dropping it) stops the thread before
+its next layer; repairs, access times and promotions are applied only by a stream read to its
+end.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from contextlib import ExitStack, suppress
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from rkv.batch import finish_reads, plan_gets
+from rkv.fastcheck import FastCheck
+from rkv.keys import chunk_bounds
+from rkv.model import ModelSpec, as_model_spec
+from rkv.readpath import Readers
+from rkv.results import MISSING, OK, UNCORRECTABLE, BlockLog, BlockStatus
+
+if TYPE_CHECKING:
+    from rkv.engine import Engine
+
+_END = object()
+
+
+class LayerKV(NamedTuple):
+    """One verified layer of a streamed prefix."""
+
+    layer: int
+    kv: np.ndarray                # [2, n_tokens, kv_heads, head_dim] (a view of ``out``)
+    blocks: list[BlockStatus]     # this layer's blocks, one per chunk read
+    n_tokens: int                 # verified prefix over this and every earlier layer
+
+
+class _Producer:
+    """The background reader (no reference to the stream, so a dropped stream is closed)."""
+
+    def __init__(self, engine: Engine, spec: ModelSpec, keys: list[bytes], metas: list[Any],
+                 out: np.ndarray, ahead: int) -> None:
+        self.engine, self.spec, self.keys, self.metas, self.out = engine, spec, keys, metas, out
+        self.q: queue.Queue[Any] = queue.Queue(maxsize=max(1, ahead))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="rkv-layers", daemon=True)
+
+    def run(self) -> None:
+        try:
+            self._read()
+            self.q.put(_END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self.q.put(exc)
+
+    def _read(self) -> None:
+        engine, spec, keys, metas = self.engine, self.spec, self.keys, self.metas
+        fp = spec.fingerprint()
+        starts = np.cumsum([0] + [m.n_tokens for m in metas]).tolist()
+        checks = [FastCheck(k, fp, spec, m.n_tokens) for k, m in zip(keys, metas, strict=False)]
+        n_chunks = len(metas)
+        reads = engine._reads
+        with ExitStack() as stack:
+            readers = Readers(engine._tiers, stack)
+            for layer in range(spec.n_layers):
+                hook = engine.hooks.get("stream_layer")   # tests hold a window open here
+                if hook is not None:
+                    hook()
+                if self.stop.is_set():
+                    return
+                log = BlockLog()
+                statuses = []
+                for ci in range(n_chunks):
+                    meta = metas[ci]
+                    bad = reads.read_layers(readers, keys[ci], ci, meta, fp, spec, (layer,),
+                                            self.out[:, :, starts[ci]:starts[ci + 1]], log,
+                                            False, checks[ci])
+                    tier = meta.blocks[layer][0] if layer < len(meta.blocks) else "?"
+                    statuses.append(log.special.get((ci, layer))
+                                    or BlockStatus(ci, layer, tier, OK))
+                    if bad:
+                        n_chunks = ci
+                        break
+                n = starts[n_chunks]
+                self.q.put(LayerKV(layer, self.out[layer, :, :n], statuses, n))
+
+
+class LayerStream:
+    """An iterator of :class:`LayerKV`, one per layer in order (see the module docstring).
+
+    ``n_tokens``: the verified prefix so far (final once the stream is exhausted);
+    ``stored_tokens``: what the index promised; ``blocks``: every block status so far.
+    """
+
+    def __init__(self, engine: Engine, tokens: Any, model: ModelSpec | dict[str, Any],
+                 out: np.ndarray | None = None, ahead: int = 2) -> None:
+        spec = as_model_spec(model)
+        (g,) = plan_gets(engine, [tokens], spec, None if out is None else [out])
+        self._engine, self._keys, self._metas = engine, g.keys, g.metas
+        self.stored_tokens = self.n_tokens = g.stored
+        self.blocks: list[BlockStatus] = []
+        self._damaged = g.damaged
+        self._n_request = g.n_tokens
+        self._reading = g.keys[: len(g.metas)]
+        self._done = False
+        engine._decide.reading(self._reading, +1)
+        self._p = _Producer(engine, spec, g.keys, g.metas, g.out, ahead)
+        self._p.thread.start()
+
+    def __iter__(self) -> LayerStream:
+        return self
+
+    def __next__(self) -> LayerKV:
+        if self._done:
+            raise StopIteration
+        item = self._p.q.get()
+        if isinstance(item, LayerKV):
+            self.n_tokens = item.n_tokens
+            self.blocks += item.blocks
+            return item
+        self._release()
+        if item is _END:
+            self._finish()
+            raise StopIteration
+        raise item
+
+    def _finish(self) -> None:
+        log = BlockLog()
+        log.extra = self.blocks
+        if self._damaged is not None and self.n_tokens == self.stored_tokens:
+            st = BlockStatus(len(self._metas), 0, "index", UNCORRECTABLE, 0, self._damaged)
+            self.blocks.append(st)
+            s, e = chunk_bounds(self._n_request, self._engine.config.chunk_tokens
+                                )[len(self._metas)]
+            self.stored_tokens += e - s
+        finish_reads(self._engine, [(self._keys, self._metas, self.n_tokens, log)])
+
+    @property
+    def ok(self) -> bool:
+        """True when every stored block of every layer read so far verified."""
+        return self.n_tokens == self.stored_tokens and not any(
+            b.status in (UNCORRECTABLE, MISSING) for b in self.blocks)
+
+    def _release(self) -> None:
+        if not self._done:
+            self._done = True
+            self._p.thread.join()
+            self._engine._decide.reading(self._reading, -1)
+
+    def close(self) -> None:
+        """Stop the background reader (it ends before its next layer) and release the
+        chunks; idempotent."""
+        if self._done:
+            return
+        p = self._p
+        p.stop.set()
+        while p.thread.is_alive():     # unblock a producer waiting for room in the queue
+            with suppress(queue.Empty):
+                p.q.get(timeout=0.05)
+        self._release()
+
+    def __enter__(self) -> LayerStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            self.close()
