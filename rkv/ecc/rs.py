@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rkv.ecc import _gfcore
+from rkv.ecc import _gfcore, _rsfix
 from rkv.ecc._lfsr import lfsr_parity
 from rkv.ecc.base import (
     CORRECTED,
@@ -242,6 +242,7 @@ class RSCodec(Codec):
         return q, p
 
     def _data_offsets(self, q: I64, p: I64) -> I64:
+        """Offsets in the data of byte ``p`` of codeword ``q`` (as :mod:`._rsfix` computes)."""
         big_i = self._i
         return (q // big_i) * big_i * self._k + p * big_i + q % big_i
 
@@ -272,9 +273,11 @@ class RSCodec(Codec):
         nsym = self._nsym
         starts, lens = self._layout(size)
         calc = lfsr_parity(self._to_codewords(b[:size]), starts, lens, self._tables, self._w)
-        rem = calc[:, :nsym] ^ self._stream_to_parity(b[size:], size)
-        bad_mask = rem.any(axis=1)
         ncw = lens.shape[0]
+        rem = np.empty((ncw, nsym), dtype=np.uint8)
+        bad = np.empty(ncw, dtype=np.int64)
+        nb = _rsfix.remainders(calc, readonly(self._stream_to_parity(b[size:], size)), rem,
+                               bad)
         eq = ep = np.zeros(0, dtype=np.int64)
         if eras.size:
             eq, ep = self._map_erasures(eras, size, lens)
@@ -284,10 +287,9 @@ class RSCodec(Codec):
                 return uncorrectable(
                     f"{int(over.sum())} codeword(s) have more than {nsym} erasures"
                 )
-        bad = np.flatnonzero(bad_mask)
-        if bad.size == 0:
+        if nb == 0:
             return clean(b[:size].tobytes())
-        sub = np.ascontiguousarray(rem[bad])
+        bad, sub = bad[:nb], rem[:nb]
         if eq.size:
             order = np.lexsort((ep, eq))
             eq, ep = eq[order], ep[order]
@@ -312,20 +314,11 @@ class RSCodec(Codec):
                                     f.qsol, out_pos[a:z], out_mag[a:z], out_cnt[a:z])
 
         prange(solve, bad.size, bad.size, DECODE_PIECE)
-        failed = out_cnt < 0
-        if failed.any():
+        out = b[:size].copy()
+        total = _rsfix.apply_fixes(out, bad, lens, out_pos, out_mag, out_cnt, self._i, self._k)
+        if total < 0:
             return uncorrectable(
-                f"{int(failed.sum())} of {ncw} codeword(s) have more errors than "
+                f"{int((out_cnt < 0).sum())} of {ncw} codeword(s) have more errors than "
                 f"RS({self._n},{self._k}) corrects"
             )
-        total = int(out_cnt.sum())
-        cols = np.arange(nsym)[None, :] < out_cnt[:, None]
-        qq = np.broadcast_to(bad[:, None], cols.shape)[cols]
-        pp = out_pos[cols]
-        mm = out_mag[cols]
-        in_data = pp < lens[qq]
-        out = b[:size].copy()
-        if in_data.any():
-            offs = self._data_offsets(qq[in_data], pp[in_data])
-            out[offs] ^= mm[in_data].astype(np.uint8)
         return DecodeResult(out.tobytes(), CORRECTED, total, f"{bad.size} codeword(s) repaired")
