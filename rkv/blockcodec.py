@@ -13,9 +13,10 @@ is reported as an error, never returned.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -263,17 +264,56 @@ class BlockToEncode(NamedTuple):
     quant: Quantizer | None = None
 
 
-def encode_blocks(blocks: Sequence[BlockToEncode]) -> list[Any]:
+class RecordArena:
+    """A reusable buffer that one batch's records are carved from (thread-safe bump
+    allocation), for :func:`encode_blocks`.
+
+    Fresh memory costs a page fault per 4 KiB on first touch (about 85 us for a 192 KiB
+    record here, most of an RS encode) and page faults serialize threads on the kernel's
+    memory map lock; reused memory costs neither. Every :meth:`start` reuses the buffer, so
+    a batch's records are valid until the next batch starts: write them (LMDB copies them)
+    first. A batch that outgrows the buffer gets more memory, and the next one a buffer
+    that fits it whole.
+    """
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.uint8)
+        self._off = 0
+        self._spill = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """A new batch: everything carved so far may be overwritten."""
+        with self._lock:
+            if self._spill:
+                self._buf = np.empty(self._off + self._spill, dtype=np.uint8)
+            self._off = self._spill = 0
+
+    def __call__(self, n: int) -> np.ndarray:
+        with self._lock:
+            off = self._off
+            if off + n <= self._buf.size:
+                self._off = off + n
+                return self._buf[off:off + n]
+            self._spill += n
+        return np.empty(n, dtype=np.uint8)
+
+
+def encode_blocks(blocks: Sequence[BlockToEncode], arena: RecordArena | None = None
+                  ) -> list[Any]:
     """The records of ``blocks``, encoded on the codec thread pool (:mod:`rkv.parallel`):
-    byte for byte what :func:`encode_block` gives one at a time. Each record gets its own
-    buffer (a batch cannot share a scratch buffer); a batch too small to pay for threads is
-    encoded inline. Raises what the first failing block would raise."""
+    byte for byte what :func:`encode_block` gives one at a time. With ``arena`` the records
+    are carved from it (valid until its next batch: write them first), else each gets new
+    memory. A batch too small to pay for threads is encoded inline. Raises what the first
+    failing block would raise."""
     nbytes = sum(b.data.nbytes for b in blocks)
-    return pmap_strict(_encode_one, blocks, nbytes=nbytes)
+    if arena is not None:
+        arena.start()
+    return pmap_strict(partial(_encode_one, arena), blocks, nbytes=nbytes)
 
 
-def _encode_one(b: BlockToEncode) -> Any:
-    return encode_block(b.header, b.data, b.codec, None, b.quant)
+def _encode_one(arena: RecordArena | None, b: BlockToEncode) -> Any:
+    return encode_block(b.header, b.data, b.codec, arena, b.quant)
 
 
 class BlockToRead(NamedTuple):

@@ -15,6 +15,7 @@ from rkv import parallel
 from rkv.blockcodec import (
     BlockToEncode,
     BlockToRead,
+    RecordArena,
     _encode_data,
     codec_for,
     encode_block,
@@ -71,6 +72,23 @@ def test_encode_blocks_is_encode_block(code: str, quant: str) -> None:
             raw = np.frombuffer(q.encode(np.ascontiguousarray(j.data)), dtype=np.uint8)
         if codec is not None or q is not None:
             assert bytes(_encode_data(j.header, raw, q, codec)) == rec
+
+
+def test_arena_records_are_the_same_and_reuse_memory() -> None:
+    codec = codec_for("rs(255,239)")
+    data = _blocks(20, 4)
+    jobs = [BlockToEncode(_header(i), d, codec) for i, d in enumerate(data)]
+    want = [bytes(encode_block(j.header, j.data, j.codec)) for j in jobs]
+    arena = RecordArena()
+    first = encode_blocks(jobs, arena)          # spills: the arena starts empty
+    assert [bytes(r) for r in first] == want
+    second = encode_blocks(jobs[:12], arena)    # fits the buffer sized by the first batch
+    assert [bytes(r) for r in second] == want[:12]
+    base = arena._buf.ctypes.data
+    assert all(base <= r.ctypes.data < base + arena._buf.size for r in second)
+    third = encode_blocks(jobs, arena)
+    assert [bytes(r) for r in third] == want
+    assert arena._buf.ctypes.data == base       # no new memory
 
 
 def test_encode_into_a_reused_buffer() -> None:
