@@ -1,17 +1,26 @@
 """Engine put/get throughput against raw LMDB on the same bytes, measured in the same run.
 
     .venv/bin/python benchmarks/bench_engine.py [--repeat 5] [--seqs 8] [--tokens 2048]
-        [--read-mode mmap|pread]
+        [--read-mode mmap|pread] [--json benchmarks/results/engine.json]
 
 Baselines (one LMDB environment on the same medium, same flags, one write transaction per
-sequence like the engine):
-* raw put: ``txn.put`` of each block's bytes (already contiguous) under a 34-byte key;
+sequence, one read transaction per sequence):
+* raw put: ``txn.put`` of each block's bytes (already contiguous) under a 34-byte key; also
+  committed in transactions of about 2 MiB (``rkv.txn.WRITE_SLICE``), as the engine commits
+  its tier writes (a large LMDB write transaction is much slower: see rkv/txn.py);
 * raw get: in one read transaction per sequence, ``txn.get`` of each block (zero-copy) and a
   copy into a ``[layers, 2, tokens, heads, dim]`` array, the least any reader must do: once
   into a fresh array per sequence (like ``Engine.get``), once into a reused buffer (like
   ``Engine.get(out=...)``).
 The engine does the same work plus chunk hashing, record framing, the index, the end-to-end
 checksum (xxh3_128) on write and verification (header + checksum) on every read.
+Two more figures, each against a baseline in the same run:
+* ``put_many``: ``--batch-seqs`` small sequences (``--batch-tokens`` each, distinct) stored by
+  one :meth:`Engine.put_many` against the same puts one call at a time, each into a fresh
+  store (sequences per second, ratio batched / one at a time);
+* layer streaming: a ``--stream-tokens`` prefix of the 30-layer model read with
+  :meth:`Engine.get_layers` into a reused buffer: the time until the first layer is handed
+  out, against a full ``get(out=)`` of the same prefix (ratio first layer / full get).
 Reads: one untimed pass first (first-touch page faults of fresh mappings and buffers), then
 the median of ``--reads`` passes. Reports medians over ``--repeat`` fresh stores; timings are
 never asserted anywhere.
@@ -34,6 +43,7 @@ import numpy as np
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig
 from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
 from rkv.store import memory_dir
+from rkv.txn import WRITE_SLICE
 
 MODELS = {
     "smollm2-135m": ModelSpec("bench/smollm2", n_layers=30, n_kv_heads=3, head_dim=64),
@@ -41,8 +51,9 @@ MODELS = {
 }
 
 
-def workload(spec: ModelSpec, seqs: int, tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(0)
+def workload(spec: ModelSpec, seqs: int, tokens: int, seed: int = 0
+             ) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
     out = []
     for _ in range(seqs):
         t = rng.integers(0, 50000, tokens)
@@ -53,7 +64,7 @@ def workload(spec: ModelSpec, seqs: int, tokens: int) -> list[tuple[np.ndarray, 
 
 
 def raw_lmdb(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
-             chunk: int, reads: int) -> tuple[float, float, float]:
+             chunk: int, reads: int) -> tuple[float, float, float, float]:
     env = lmdb.open(str(base / "raw"), map_size=1 << 36, sync=False, metasync=False,
                     readahead=False, max_dbs=2)
     db = env.open_db(b"blocks")
@@ -68,6 +79,23 @@ def raw_lmdb(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarra
             for layer in range(spec.n_layers):
                 items.append((block_key(key, layer), np.ascontiguousarray(kv[layer, :, s:e])))
         prepared.append(items)
+    # The same records, committed in transactions of about WRITE_SLICE bytes like the
+    # engine's tier writes (a second environment: the figure the engine's put matches).
+    env2 = lmdb.open(str(base / "raw2"), map_size=1 << 36, sync=False, metasync=False,
+                     readahead=False, max_dbs=2)
+    db2 = env2.open_db(b"blocks")
+    t0 = time.perf_counter()
+    for items in prepared:
+        i = 0
+        while i < len(items):
+            with env2.begin(write=True, db=db2) as txn:
+                size = 0
+                while i < len(items) and size < WRITE_SLICE:
+                    txn.put(items[i][0], items[i][1])
+                    size += items[i][1].nbytes
+                    i += 1
+    t_put_sliced = time.perf_counter() - t0
+    env2.close()
     t0 = time.perf_counter()
     for items in prepared:
         with env.begin(write=True, db=db) as txn:
@@ -91,7 +119,7 @@ def raw_lmdb(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarra
 
     t_get = timed_reads(read_all, reads)
     env.close()
-    return (t_put, *t_get)
+    return (t_put, t_put_sliced, *t_get)
 
 
 def timed_reads(fn: Any, reads: int) -> tuple[float, float]:
@@ -136,6 +164,55 @@ def engine_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndar
     return (t_put, *t_get)
 
 
+def batch_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
+              chunk: int, medium: str) -> tuple[float, float]:
+    """(seconds for the puts one call at a time, seconds for one put_many), fresh stores."""
+    times = []
+    for batched in (False, True):
+        cfg = EngineConfig(chunk_tokens=chunk, tiers=(
+            TierConfig("t0", medium=medium, path=str(base / f"b{batched}"),
+                       capacity_bytes=1 << 40),))
+        with Engine.open(base / f"store{batched}", cfg) as e:
+            e.put(*workload(spec, 1, chunk)[0], model=spec)   # first write: structure check
+            t0 = time.perf_counter()
+            if batched:
+                res = e.put_many(data, model=spec)
+            else:
+                res = [e.put(t, kv, model=spec) for t, kv in data]
+            times.append(time.perf_counter() - t0)
+            assert all(r.chunks_written == r.chunks for r in res)
+    return times[0], times[1]
+
+
+def stream_run(base: Path, spec: ModelSpec, tokens: int, chunk: int, medium: str,
+               reads: int) -> tuple[float, float, float]:
+    """Medians of (time to the first layer of get_layers, the whole stream, a full get),
+    all into one reused buffer."""
+    (t, kv), = workload(spec, 1, tokens)
+    cfg = EngineConfig(chunk_tokens=chunk, tiers=(
+        TierConfig("t0", medium=medium, path=str(base / "s0"), capacity_bytes=1 << 40),))
+    buf = np.empty_like(kv)
+    first, whole, full = [], [], []
+    with Engine.open(base / "sstore", cfg) as e:
+        e.put(t, kv, model=spec)
+        for i in range(reads + 1):
+            t0 = time.perf_counter()
+            stream = e.get_layers(t, model=spec, out=buf)
+            layer0 = next(stream)
+            t1 = time.perf_counter()
+            n = 1 + sum(1 for _ in stream)
+            t2 = time.perf_counter()
+            got = e.get(t, model=spec, out=buf)
+            t3 = time.perf_counter()
+            assert layer0.layer == 0 and n == spec.n_layers and got.n_tokens == tokens
+            if i:      # the first pass is untimed (first touch)
+                first.append(t1 - t0)
+                whole.append(t2 - t0)
+                full.append(t3 - t2)
+        assert np.array_equal(buf, kv)
+    return statistics.median(first), statistics.median(whole), statistics.median(full)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=5)
@@ -148,6 +225,11 @@ def main() -> None:
     ap.add_argument("--ecc", default="none", help="the engine tier's codec, e.g. rs(255,239)")
     ap.add_argument("--read-mode", choices=["mmap", "pread"], default="mmap",
                     help="the tier's reads setting (pread: SIGBUS-safe copies from the file)")
+    ap.add_argument("--batch-seqs", type=int, default=16, help="sequences per put_many")
+    ap.add_argument("--batch-tokens", type=int, default=256, help="tokens per small sequence")
+    ap.add_argument("--batch-model", default="smollm2-135m")
+    ap.add_argument("--stream-tokens", type=int, default=4096)
+    ap.add_argument("--stream-model", default="smollm2-135m")
     ap.add_argument("--json", default=None, help="write results to this file")
     args = ap.parse_args()
     where = memory_dir() if args.medium == "memory" else None
@@ -157,7 +239,8 @@ def main() -> None:
         data = workload(spec, args.seqs, args.tokens)
         total = sum(kv.nbytes for _, kv in data)
         samples: dict[str, list[float]] = {k: [] for k in (
-            "raw_put", "raw_get", "raw_get_into", "put", "get", "get_into")}
+            "raw_put", "raw_put_sliced", "raw_get", "raw_get_into", "put", "get",
+            "get_into")}
         for _ in range(args.repeat):
             base = Path(tempfile.mkdtemp(prefix="rkv-bench-", dir=where))
             try:
@@ -172,21 +255,59 @@ def main() -> None:
         block = 2 * args.chunk * spec.n_kv_heads * spec.head_dim * 2
         rows.append({"model": name, "block_bytes": block, "total_bytes": total, **med,
                      "put_ratio": med["put"] / med["raw_put"],
+                     "put_ratio_sliced": med["put"] / med["raw_put_sliced"],
                      "get_ratio": med["get"] / med["raw_get"],
                      "get_into_ratio": med["get_into"] / med["raw_get_into"]})
     print(f"\nmedium={args.medium}, ecc={args.ecc}, reads={args.read_mode}, {args.seqs} "
           f"sequences x {args.tokens} tokens, chunk {args.chunk}, median of {args.repeat} "
           "(GB/s of KV)\n")
-    print("| model | block | raw put | rkv put | ratio | raw get | rkv get | ratio | "
-          "raw get into buffer | rkv get out= | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | block | raw put | raw put, 2 MiB txns | rkv put | ratio (vs 2 MiB) | "
+          "raw get | rkv get | ratio | raw get into buffer | rkv get out= | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['block_bytes'] // 1024} KiB | {r['raw_put']:.2f} | "
-              f"{r['put']:.2f} | {r['put_ratio']:.2f} | {r['raw_get']:.2f} | {r['get']:.2f} | "
+              f"{r['raw_put_sliced']:.2f} | {r['put']:.2f} | {r['put_ratio']:.2f} "
+              f"({r['put_ratio_sliced']:.2f}) | {r['raw_get']:.2f} | {r['get']:.2f} | "
               f"{r['get_ratio']:.2f} | {r['raw_get_into']:.2f} | {r['get_into']:.2f} | "
               f"{r['get_into_ratio']:.2f} |")
+    bspec, sspec = MODELS[args.batch_model], MODELS[args.stream_model]
+    small = workload(bspec, args.batch_seqs, args.batch_tokens, seed=1)
+    bt: dict[str, list[float]] = {"one_at_a_time": [], "put_many": []}
+    st: dict[str, list[float]] = {"first_layer": [], "stream": [], "get": []}
+    for _ in range(args.repeat):
+        base = Path(tempfile.mkdtemp(prefix="rkv-bench-", dir=where))
+        try:
+            for k, v in zip(bt, batch_run(base, bspec, small, args.chunk, args.medium),
+                            strict=True):
+                bt[k].append(v)
+            for k, v in zip(st, stream_run(base, sspec, args.stream_tokens, args.chunk,
+                                           args.medium, args.reads), strict=True):
+                st[k].append(v)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+    bmed = {k: statistics.median(v) for k, v in bt.items()}
+    smed = {k: statistics.median(v) for k, v in st.items()}
+    batch = {"model": args.batch_model, "seqs": args.batch_seqs, "tokens": args.batch_tokens,
+             **{f"{k}_seqs_per_s": args.batch_seqs / v for k, v in bmed.items()},
+             "ratio": bmed["one_at_a_time"] / bmed["put_many"]}
+    stream = {"model": args.stream_model, "layers": sspec.n_layers,
+              "tokens": args.stream_tokens, **{f"{k}_ms": v * 1e3 for k, v in smed.items()},
+              "first_layer_over_get": smed["first_layer"] / smed["get"],
+              "stream_over_get": smed["stream"] / smed["get"]}
+    print(f"\nput_many of {args.batch_seqs} sequences x {args.batch_tokens} tokens "
+          f"({args.batch_model}): {batch['one_at_a_time_seqs_per_s']:.0f} sequences/s one "
+          f"put at a time, {batch['put_many_seqs_per_s']:.0f} with put_many: "
+          f"**{batch['ratio']:.2f}x**")
+    print(f"get_layers of {args.stream_tokens} tokens x {sspec.n_layers} layers "
+          f"({args.stream_model}, out=): first layer {stream['first_layer_ms']:.2f} ms, "
+          f"whole stream {stream['stream_ms']:.2f} ms, full get {stream['get_ms']:.2f} ms: "
+          f"first layer at **{100 * stream['first_layer_over_get']:.1f} %** of a get")
+    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    print(f"load average at the end: {' '.join(load)}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps(
+            {"args": vars(args), "loadavg_end": load, "engine": rows, "put_many": batch,
+             "stream": stream}, indent=2))
 
 
 if __name__ == "__main__":

@@ -116,6 +116,17 @@ class RecordHeader:
         if len(self.shape) != 4 or min(self.shape) < 0 or max(self.shape) > 0xFFFFFFFF:
             raise InputError(f"bad block shape {self.shape}")
 
+    def with_layer(self, layer: int) -> RecordHeader:
+        """This header for another layer of the same chunk (a put makes one per block:
+        only the layer is new, so it is range-checked alone instead of a full replace())."""
+        if not 0 <= layer <= 0xFFFF:
+            raise InputError(f"bad layer {layer}")
+        obj = object.__new__(RecordHeader)
+        for name in _FIELDS:
+            _set(obj, name, getattr(self, name))
+        _set(obj, "layer", layer)
+        return obj
+
     def to_bytes(self) -> bytes:
         codecs = (json.dumps(list(self.codecs), sort_keys=True, separators=(",", ":")).encode()
                   if self.codecs else b"")
@@ -168,6 +179,10 @@ class RecordHeader:
                             ("written_ns", written or None)):
             object.__setattr__(obj, name, value)
         return obj
+
+
+_FIELDS = tuple(RecordHeader.__dataclass_fields__)
+_set = object.__setattr__
 
 
 def _prelude(header_len: int) -> bytes:
@@ -241,8 +256,10 @@ def array_record_size(header: RecordHeader, nbytes: int) -> int:
 
 
 def encode_array_record(header: RecordHeader, data: np.ndarray,
-                        alloc: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
-    """Serialize a record whose payload is the raw bytes of ``data`` (no codecs).
+                        alloc: Callable[[int], np.ndarray] | None = None,
+                        layer: int | None = None) -> np.ndarray:
+    """Serialize a record whose payload is the raw bytes of ``data`` (no codecs); ``layer``
+    overrides the header's (one header serves every layer of a chunk).
 
     Returns the record as a uint8 array (any bytes-like consumer takes it), placed in
     ``alloc(size)`` when given (a reused buffer) or in a new array. ``data`` (which may be
@@ -255,7 +272,8 @@ def encode_array_record(header: RecordHeader, data: np.ndarray,
     codecs = (json.dumps(list(header.codecs), sort_keys=True, separators=(",", ":")).encode()
               if header.codecs else b"")
     body = bytearray(_BODY.pack(
-        header.key, header.fingerprint, header.layer, _DTYPE_IDS[header.dtype],
+        header.key, header.fingerprint, header.layer if layer is None else layer,
+        _DTYPE_IDS[header.dtype],
         len(header.shape), *header.shape, nbytes, nbytes, 1, bytes(16),
         header.written_ns or 0, len(codecs)) + codecs)
     hlen = len(body) + HEADER_CHECK_BYTES
@@ -263,16 +281,18 @@ def encode_array_record(header: RecordHeader, data: np.ndarray,
         raise CorruptRecordError("record header too large")
     start = payload_offset(hlen)
     out = (alloc or _new_buffer)(start + nbytes + hlen + PRELUDE_BYTES)
-    dest = out[start:start + nbytes]
-    dest.reshape((*data.shape, data.itemsize))[...] = data.view(np.uint8).reshape(
-        (*data.shape, data.itemsize)
-    )
-    body[_CHECKSUM_AT:_CHECKSUM_AT + 16] = data_checksum(dest)
+    mv = out.data      # byte slices of a memoryview: no numpy call per piece
+    if data.flags.c_contiguous:    # (viewed as bytes: bfloat16 has no buffer format)
+        mv[start:start + nbytes] = data.reshape(-1).view(np.uint8).data
+    else:
+        out[start:start + nbytes].reshape((*data.shape, data.itemsize))[...] = data.view(
+            np.uint8).reshape((*data.shape, data.itemsize))
+    body[_CHECKSUM_AT:_CHECKSUM_AT + 16] = data_checksum(mv[start:start + nbytes])
     pre = _prelude(hlen)
     copy = _header_copy(pre, bytes(body))
     lead = pre * LEAD_COPIES + copy * LEAD_COPIES
-    out[:start] = np.frombuffer(lead + bytes(start - len(lead)), dtype=np.uint8)
-    out[start + nbytes:] = np.frombuffer(copy + pre, dtype=np.uint8)
+    mv[:start] = lead + bytes(start - len(lead))
+    mv[start + nbytes:] = copy + pre
     return out
 
 

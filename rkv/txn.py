@@ -32,6 +32,12 @@ T = TypeVar("T")
 #: deletions). Tests use them to hold race windows open deterministically; production code
 #: never sets them.
 Hooks = dict[str, Callable[[], None]]
+#: Bytes of records per tier write transaction. LMDB copies a written value twice (into a
+#: dirty page it allocates, then into the file at commit); a transaction whose pages outgrow
+#: the CPU cache makes both copies miss it and fault fresh heap pages. Measured here: 240
+#: records of 192 KiB take 2.4x longer in one transaction than in transactions of 2 MiB,
+#: 480 of 12 KiB 2.2x longer than in transactions of 360 KiB to 1.4 MiB.
+WRITE_SLICE = 2 << 20
 
 
 class Pending:
@@ -74,10 +80,21 @@ class Pending:
         self.deletes[tier].add(key)
 
     def flush_writes(self) -> None:
+        """Write the planned records, in tier transactions of about :data:`WRITE_SLICE`
+        bytes each. All of them commit before the index does, so a failure part way leaves
+        at most unreferenced records, as a crash there would (and as writes to several tiers
+        always could)."""
         for tier, items in self.writes.items():
-            if items:
-                self.tiers[tier].put_many([(k, v) for k, (v, _) in items.items()],
-                                          reserve=sum(n for _, n in items.values()))
+            batch: list[tuple[bytes, Any]] = []
+            size = 0
+            for k, (v, n) in items.items():
+                batch.append((k, v))
+                size += n
+                if size >= WRITE_SLICE:
+                    self.tiers[tier].put_many(batch, reserve=size)
+                    batch, size = [], 0
+            if batch:
+                self.tiers[tier].put_many(batch, reserve=size)
 
     def flush_deletes(self) -> None:
         """Delete after the commit. A tier that cannot delete (damaged) keeps the records

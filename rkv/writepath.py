@@ -13,7 +13,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from rkv.index import ChunkMeta
 from rkv.keys import block_key
 from rkv.model import ModelSpec
 from rkv.pipeline import Pipeline
-from rkv.record import RecordHeader
+from rkv.record import RecordHeader, encode_array_record
 from rkv.results import PutResult
 from rkv.storemix import pipeline_label
 from rkv.txn import Pending
@@ -81,9 +81,13 @@ class Planned:
             chunks = [(c, [one] * spec.n_layers) for c in same]
         for c, pipes in chunks:
             shape = spec.block_shape(tokens[c])
-            fitted = [p.for_block(shape, spec.dtype) for p in pipes]
-            self._pipes[tier, c] = fitted
-            self._sizes[tier, c] = [p.record_bytes(shape, spec.dtype) for p in fitted]
+            memo: dict[int, tuple[Pipeline, int]] = {}    # layers share pipelines: size once
+            for p in pipes:
+                if id(p) not in memo:
+                    f = p.for_block(shape, spec.dtype)
+                    memo[id(p)] = (f, f.record_bytes(shape, spec.dtype))
+            self._pipes[tier, c] = [memo[id(p)][0] for p in pipes]
+            self._sizes[tier, c] = [memo[id(p)][1] for p in pipes]
 
 
 @dataclass
@@ -145,10 +149,13 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
             # Encoded at write time (raw blocks into one reused buffer: LMDB copies each
             # record, so no block needs a buffer of its own).
             pipe = pipes[layer]
-            pending.write(tier, block_key(key, layer), partial(
-                encode_block, replace(header, layer=layer),
-                plan.arr[layer, :, start:end], pipe.codec, scratch, pipe.quant),
-                layer_sizes[layer])
+            data = plan.arr[layer, :, start:end]
+            if pipe.codec is None and pipe.quant is None:   # raw: what encode_block runs
+                enc = partial(encode_array_record, header, data, scratch, layer)
+            else:
+                enc = partial(encode_block, header.with_layer(layer), data, pipe.codec,
+                              scratch, pipe.quant)
+            pending.write(tier, block_key(key, layer), enc, layer_sizes[layer])
         meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
                          fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,
                                                           layer_sizes, strict=True)),
