@@ -155,8 +155,10 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
         "rs(255,239) decode, BER 1e-4 (corrections)": (chunked(rs.decode, rs_bad), total),
         "shardrs(k=16,m=2) encode": (chunked(sh.encode, raw), total),
         "checksum xxh3_128": (chunked(data_checksum, raw), total),
-        "put encode: raw records (encode_blocks, arena)": (batched(
+        "put encode: raw records (encode_blocks, arena; inline: memory speed)": (batched(
             partial(encode_blocks, arena=RecordArena()), put_raw), total),
+        "put encode: raw records (encode_blocks, arena, threads forced)": (batched(
+            partial(encode_blocks, arena=RecordArena(), threads=True), put_raw), total),
         "put encode: rs(255,239) records (encode_blocks, arena)": (batched(
             partial(encode_blocks, arena=RecordArena()), put_rs), total),
         "verified get: raw records (engine's fast check)": (verified(recs["raw"], fast),

@@ -299,17 +299,30 @@ class RecordArena:
         return np.empty(n, dtype=np.uint8)
 
 
-def encode_blocks(blocks: Sequence[BlockToEncode], arena: RecordArena | None = None
-                  ) -> list[Any]:
+def compute_bound(codec: Codec | None, quant: Quantizer | None = None) -> bool:
+    """Whether a block's codec work is compute-bound, so that threads pay on any machine:
+    a quantizer or a table-driven code (RS, BCH). Raw and checksummed blocks (a hash and a
+    copy) and SIMD parity run at memory speed: measured here, two threads did them slower
+    than one (benchmarks/bench_threads.py)."""
+    return quant is not None or (codec is not None and codec.compute_bound)
+
+
+def encode_blocks(blocks: Sequence[BlockToEncode], arena: RecordArena | None = None, *,
+                  threads: bool | None = None) -> list[Any]:
     """The records of ``blocks``, encoded on the codec thread pool (:mod:`rkv.parallel`):
     byte for byte what :func:`encode_block` gives one at a time. With ``arena`` the records
     are carved from it (valid until its next batch: write them first), else each gets new
-    memory. A batch too small to pay for threads is encoded inline. Raises what the first
-    failing block would raise."""
-    nbytes = sum(b.data.nbytes for b in blocks)
+    memory. ``threads``: None (default) uses the pool when some block is
+    :func:`compute_bound`; True always; False never. A batch too small to pay for threads
+    is encoded inline. Raises what the first failing block would raise."""
+    if threads is None:
+        threads = any(compute_bound(b.codec, b.quant) for b in blocks)
     if arena is not None:
         arena.start()
-    return pmap_strict(partial(_encode_one, arena), blocks, nbytes=nbytes)
+    one = partial(_encode_one, arena)
+    if not threads:
+        return [one(b) for b in blocks]
+    return pmap_strict(one, blocks, nbytes=sum(b.data.nbytes for b in blocks))
 
 
 def _encode_one(arena: RecordArena | None, b: BlockToEncode) -> Any:
@@ -324,17 +337,33 @@ class BlockToRead(NamedTuple):
     erased: Sequence[tuple[int, int]] = ()
 
 
-def read_blocks(blocks: Sequence[BlockToRead]) -> list[Verified | IntegrityError]:
+def read_blocks(blocks: Sequence[BlockToRead], *, threads: bool | None = None
+                ) -> list[Verified | IntegrityError]:
     """:func:`read_block` of every block on the codec thread pool, in order: per block its
     :class:`Verified` outcome or the IntegrityError the serial call raises (checksum,
     uncorrectable, ...); the same statuses and counts as one at a time. Every block is
-    tried; any other exception (a bug, not damage) is raised."""
+    tried; any other exception (a bug, not damage) is raised.
+
+    Meant for the blocks whose fast check failed (they need the decoder, which is
+    compute-bound); a clean block here costs a hash and a copy, at memory speed.
+    ``threads``: None (default) uses the pool when some block has a :func:`compute_bound`
+    code or quantizer; True always; False never."""
+    if threads is None:
+        threads = any(_stages_compute_bound(b.dec.header) for b in blocks)
     nbytes = sum(b.dec.header.payload_len for b in blocks)
-    out = pmap(_read_one, blocks, nbytes=nbytes, capture=True)
+    out = pmap(_read_one, blocks, nbytes=nbytes, capture=True, inline=not threads)
     for r in out:
         if isinstance(r, BaseException) and not isinstance(r, IntegrityError):
             raise r
     return out  # type: ignore[return-value]
+
+
+def _stages_compute_bound(header: RecordHeader) -> bool:
+    try:
+        quant, codec = header_stages(header)
+    except UnknownFormatError:
+        return False            # read_block reports it
+    return compute_bound(codec, quant)
 
 
 def _read_one(b: BlockToRead) -> Verified:

@@ -124,7 +124,7 @@ def _workers(n_items: int, nbytes: int | None, min_bytes: int | None) -> int:
 
 
 def pmap(fn: Callable[[T], R], items: Sequence[T], *, nbytes: int | None = None,
-         min_bytes: int | None = None, capture: bool = False
+         min_bytes: int | None = None, capture: bool = False, inline: bool = False
          ) -> list[R | BaseException]:
     """``[fn(x) for x in items]`` on the pool's threads, results in order.
 
@@ -133,11 +133,12 @@ def pmap(fn: Callable[[T], R], items: Sequence[T], *, nbytes: int | None = None,
     a single item. ``capture=False``: the first failing item's exception (by position, as
     the serial loop would raise it) is raised after every started item has finished.
     ``capture=True``: an item that raises gets its exception in its place in the list and
-    every item runs. The typed result is ``list[R | BaseException]``; callers that do not
-    capture may cast it to ``list[R]`` (see :func:`pmap_strict`).
+    every item runs. ``inline``: on the calling thread only. The typed result is
+    ``list[R | BaseException]``; callers that do not capture may cast it to ``list[R]``
+    (see :func:`pmap_strict`).
     """
     n = len(items)
-    workers = _workers(n, nbytes, min_bytes)
+    workers = 1 if inline else _workers(n, nbytes, min_bytes)
     out: list[R | BaseException] = [None] * n  # type: ignore[list-item]
     failed: list[int] = []
     if workers <= 1:

@@ -18,6 +18,7 @@ from rkv.blockcodec import (
     RecordArena,
     _encode_data,
     codec_for,
+    compute_bound,
     encode_block,
     encode_blocks,
     quantizer_for,
@@ -60,7 +61,7 @@ def test_encode_blocks_is_encode_block(code: str, quant: str) -> None:
     codec, q = codec_for(code), quantizer_for(quant)
     data = _blocks(24, 1)
     jobs = [BlockToEncode(_header(i), d, codec, q) for i, d in enumerate(data)]
-    many = [bytes(r) for r in encode_blocks(jobs)]
+    many = [bytes(r) for r in encode_blocks(jobs, threads=True)]
     parallel.configure(1)
     one = [bytes(encode_block(j.header, j.data, j.codec, quant=j.quant)) for j in jobs]
     assert many == one
@@ -133,7 +134,7 @@ def test_read_blocks_is_read_block(code: str, seed: int, ber: float) -> None:
     parallel.configure(1)
     want = [_outcome(lambda i=i, d=d: read_block(d, serial[i])) for i, d in enumerate(decs)]
     parallel.configure(4)
-    got = read_blocks([BlockToRead(d, threaded[i]) for i, d in enumerate(decs)])
+    got = read_blocks([BlockToRead(d, threaded[i]) for i, d in enumerate(decs)], threads=True)
     assert len(got) == len(want)
     for w, g in zip(want, got, strict=True):
         if isinstance(g, IntegrityError):
@@ -153,3 +154,35 @@ def test_read_blocks_raises_a_bug() -> None:
     wrong = np.zeros((8, 3), dtype=np.float16)
     with pytest.raises(ValueError):
         read_blocks([BlockToRead(d, wrong[i]) for i, d in enumerate(decs)])
+
+
+def test_threads_only_for_compute_bound_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Table-driven codes and quantizers go to the pool; raw, checksummed and shardrs
+    blocks (memory speed) stay on the calling thread unless forced."""
+    assert compute_bound(codec_for("rs(255,239)")) and compute_bound(codec_for("bch(m=13,t=8)"))
+    assert compute_bound(codec_for("planes(high=rs(255,223),low=none)"))
+    assert compute_bound(None, quantizer_for("kivi(bits=4)"))
+    assert not compute_bound(None) and not compute_bound(codec_for("xxh3"))
+    assert not compute_bound(codec_for("shardrs(k=16,m=2)"))
+    used: list[bool] = []
+    real = parallel.pmap
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        used.append(not kw.get("inline", False))
+        return real(*args, **kw)
+
+    def spy_strict(*args: Any, **kw: Any) -> Any:
+        used.append(True)
+        return real(*args, **kw)
+
+    monkeypatch.setattr("rkv.blockcodec.pmap_strict", spy_strict)
+    monkeypatch.setattr("rkv.blockcodec.pmap", spy)
+    data = _blocks(4, 5)
+    for code, want in (("none", False), ("shardrs(k=16,m=2)", False), ("rs(255,239)", True)):
+        used.clear()
+        jobs = [BlockToEncode(_header(i), d, codec_for(code)) for i, d in enumerate(data)]
+        recs = encode_blocks(jobs)
+        assert used == ([True] if want else [])
+        used.clear()
+        read_blocks([BlockToRead(decode_record(r), None) for r in recs])
+        assert used == [want]

@@ -250,6 +250,14 @@ class Codec(Configured, ABC):
         return self
 
     @property
+    def compute_bound(self) -> bool:
+        """True when encoding costs far more than reading the bytes (table-driven parity:
+        RS, BCH), so blocks on several threads go faster even where one core already uses
+        the memory bandwidth; False for checksums and SIMD parity (``shardrs``), which run
+        at memory speed (:func:`rkv.blockcodec.encode_blocks` keeps those on one thread)."""
+        return False
+
+    @property
     def corrects(self) -> bool:
         """True for error-correcting codes, False for detection-only checksums."""
         return self.t > 0

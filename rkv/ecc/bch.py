@@ -134,6 +134,10 @@ class BCHCodec(Codec):
         return {"id": "bch", "m": self._m, "t": self._t, "chunk_bytes": self._cb}
 
     @property
+    def compute_bound(self) -> bool:
+        return True
+
+    @property
     def m(self) -> int:
         return self._m
 

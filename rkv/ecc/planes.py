@@ -100,6 +100,10 @@ class PlanesCodec(Codec):
         return cls(_sub(cfg, "high"), _sub(cfg, "low"), tolerant=_flag(cfg, "tolerant", True),
                    width=width, high_bytes=hb)
 
+    @property
+    def compute_bound(self) -> bool:
+        return self._high.compute_bound or self._low.compute_bound
+
     def get_config(self) -> dict[str, Any]:
         return {"id": "planes", "high": self._high.get_config(),
                 "low": self._low.get_config(), "tolerant": self._tolerant,

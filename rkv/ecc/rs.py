@@ -131,6 +131,10 @@ class RSCodec(Codec):
                      miss=min(1.0, miss), last_symbols=last, short_units=c)
 
     @property
+    def compute_bound(self) -> bool:
+        return True
+
+    @property
     def burst(self) -> int:
         """Length of a byte burst that is always corrected (``interleave * t``)."""
         return self._i * self.t
