@@ -41,9 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rkv import parallel
 from rkv.blockcodec import (
     BlockToEncode,
+    BlockToRead,
     RecordArena,
     encode_blocks,
     read_block,
+    read_blocks,
 )
 from rkv.ecc import get_codec
 from rkv.ecc.base import Codec
@@ -135,7 +137,7 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
         return read_block(dec, out[i])
 
     checks = [FastCheck(key(i), FP, SPEC, SHAPE[1]) for i in range(len(data))]
-    sizes = [len(r) for r in recs["raw"]]
+    sizes = [len(r) for r in recs["raw"]]   # rs records are longer: the fast check declines
 
     def fast(i: int, rec: bytes) -> Any:
         # The engine's read of a clean raw record (rkv.fastcheck), the full decode otherwise.
@@ -146,6 +148,23 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
     def verified(which: list[bytes], fn: Callable[[int, bytes], Any] = verify
                  ) -> Callable[[], Any]:
         return chunked(lambda j: fn(*j), list(enumerate(which)))
+
+    def engine_get(which: list[bytes]) -> Callable[[], Any]:
+        """A get as the engine should run it: per chunk, the clean raw records through the
+        fast check, then the header vote of the others and rkv.blockcodec.read_blocks
+        (clean ones on this thread, decoding on the pool)."""
+        def run() -> None:
+            for g in range(0, len(which), CHUNK_BLOCKS):
+                ids = range(g, min(g + CHUNK_BLOCKS, len(which)))
+                rest = [i for i in ids
+                        if not checks[i].copy(which[i], i % SPEC.n_layers, sizes[i], out[i])]
+                jobs = [BlockToRead(decode_record(which[i], expect_key=key(i),
+                                                  expect_layer=i % SPEC.n_layers,
+                                                  expect_fingerprint=FP), out[i])
+                        for i in rest]
+                res = read_blocks(jobs)
+                assert not any(isinstance(x, BaseException) for x in res)
+        return run
 
     put_raw = [BlockToEncode(header(i), d, None) for i, d in enumerate(data)]
     put_rs = [BlockToEncode(header(i), d, rs) for i, d in enumerate(data)]
@@ -161,11 +180,15 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
             partial(encode_blocks, arena=RecordArena(), threads=True), put_raw), total),
         "put encode: rs(255,239) records (encode_blocks, arena)": (batched(
             partial(encode_blocks, arena=RecordArena()), put_rs), total),
-        "verified get: raw records (engine's fast check)": (verified(recs["raw"], fast),
-                                                            total),
-        "verified get: raw records (full decode)": (verified(recs["raw"]), total),
-        "verified get: rs(255,239) records, clean": (verified(recs["rs"]), total),
-        "verified get: rs(255,239) records, BER 1e-4": (verified(rs_damaged), total),
+        "verified get: raw records (fast check + read_blocks)": (engine_get(recs["raw"]),
+                                                                 total),
+        "verified get: raw records (fast check, threads forced)": (
+            verified(recs["raw"], fast), total),
+        "verified get: rs(255,239) records, clean (read_blocks)": (engine_get(recs["rs"]),
+                                                                   total),
+        "verified get: rs(255,239) clean, threads forced": (verified(recs["rs"]), total),
+        "verified get: rs(255,239) records, BER 1e-4 (read_blocks)": (
+            engine_get(rs_damaged), total),
     }
 
 

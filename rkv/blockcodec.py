@@ -168,6 +168,22 @@ class Verified(NamedTuple):
     degraded: int = 0          # values returned with an unverified tolerant low part
 
 
+def _fast_data(dec: DecodedRecord, codec: Codec, eras: np.ndarray | None) -> Verified | None:
+    """The data straight out of the payload when it matches the checksum (no decoding),
+    else None. Erasures that spare the data (parity, padding) do not stop it; they count as
+    repaired bytes so that the record is rewritten."""
+    h = dec.header
+    lost = 0 if eras is None else int(eras.size)
+    if lost and eras[0] < h.data_len:  # type: ignore[index]
+        return None
+    # Some layouts (shardrs) pad, so data_size(len) is an upper bound: compare the data's
+    # actual length with the header's.
+    fast = codec.systematic_data(dec.payload)
+    if fast is not None and fast.size == h.data_len and data_checksum(fast) == h.checksum:
+        return Verified(fast, lost)
+    return None
+
+
 def _verified_data(dec: DecodedRecord, codec: Codec | None,
                    erased: Sequence[tuple[int, int]] = ()) -> Verified:
     """The block's data bytes (before any ECC), verified, and the symbols corrected.
@@ -189,14 +205,10 @@ def _verified_data(dec: DecodedRecord, codec: Codec | None,
                                          "stored without ECC")
             raise ChecksumError("block data does not match its end-to-end checksum")
         return Verified(dec.payload, 0)
-    # Some layouts (shardrs) pad, so data_size(len) is an upper bound: compare the data's
-    # actual length with the header's. Erasures that spare the data (parity, padding) do
-    # not stop the fast path; they count as repaired bytes so that the record is rewritten.
     lost = 0 if eras is None else int(eras.size)
-    if not lost or eras[0] >= h.data_len:  # type: ignore[index]
-        fast = codec.systematic_data(dec.payload)
-        if fast is not None and fast.size == h.data_len and data_checksum(fast) == h.checksum:
-            return Verified(fast, lost)
+    fast = _fast_data(dec, codec, eras)
+    if fast is not None:
+        return fast
     res = codec.decode(dec.payload, eras)
     if not res.ok:
         deg = codec.decode_degraded(dec.payload, eras)
@@ -222,12 +234,17 @@ def read_block(dec: DecodedRecord, dest: np.ndarray | None,
     """
     quant, codec = header_stages(dec.header)
     v = _verified_data(dec, codec, erased)
+    _copy_out(dec, quant, v, dest)
+    return v
+
+
+def _copy_out(dec: DecodedRecord, quant: Quantizer | None, v: Verified,
+              dest: np.ndarray | None) -> None:
     if dest is not None:
         if quant is None:
             dest[...] = np.frombuffer(v.data, dtype=dest.dtype).reshape(dest.shape)
         else:
             dest[...] = quant.decode(v.data, dec.header.shape, dec.header.dtype)
-    return v
 
 
 def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
@@ -344,18 +361,45 @@ def read_blocks(blocks: Sequence[BlockToRead], *, threads: bool | None = None
     uncorrectable, ...); the same statuses and counts as one at a time. Every block is
     tried; any other exception (a bug, not damage) is raised.
 
-    Meant for the blocks whose fast check failed (they need the decoder, which is
-    compute-bound); a clean block here costs a hash and a copy, at memory speed.
-    ``threads``: None (default) uses the pool when some block has a :func:`compute_bound`
-    code or quantizer; True always; False never."""
+    Two passes: first, on the calling thread, every block that needs no computing (raw,
+    or its data matching the checksum as stored: a hash and a copy, at memory speed, where
+    threads only queue for the GIL and the memory); then the rest (decoding, dequantizing)
+    on the pool. ``threads``: None (default) uses the pool when some of those has a
+    :func:`compute_bound` code or quantizer; True always; False never."""
+    out: list[Any] = [None] * len(blocks)
+    rest: list[int] = []
+    for i, b in enumerate(blocks):
+        v: Verified | IntegrityError | None
+        try:
+            v = _read_fast(b)
+        except IntegrityError as exc:
+            v = exc
+        if v is None:
+            rest.append(i)
+        else:
+            out[i] = v
+    todo = [blocks[i] for i in rest]
     if threads is None:
-        threads = any(_stages_compute_bound(b.dec.header) for b in blocks)
-    nbytes = sum(b.dec.header.payload_len for b in blocks)
-    out = pmap(_read_one, blocks, nbytes=nbytes, capture=True, inline=not threads)
-    for r in out:
+        threads = any(_stages_compute_bound(b.dec.header) for b in todo)
+    nbytes = sum(b.dec.header.payload_len for b in todo)
+    for i, r in zip(rest, pmap(_read_one, todo, nbytes=nbytes, capture=True,
+                               inline=not threads), strict=True):
         if isinstance(r, BaseException) and not isinstance(r, IntegrityError):
             raise r
-    return out  # type: ignore[return-value]
+        out[i] = r
+    return out
+
+
+def _read_fast(b: BlockToRead) -> Verified | None:
+    """:func:`read_block` when the block needs no decoding and no dequantizing, else None."""
+    quant, codec = header_stages(b.dec.header)
+    if codec is None:
+        return read_block(b.dec, b.dest, b.erased) if quant is None else None
+    v = _fast_data(b.dec, codec, payload_erasures(b.dec, b.erased) if b.erased else None)
+    if v is None or quant is not None:
+        return None
+    _copy_out(b.dec, quant, v, b.dest)
+    return v
 
 
 def _stages_compute_bound(header: RecordHeader) -> bool:

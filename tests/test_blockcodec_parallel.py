@@ -158,7 +158,8 @@ def test_read_blocks_raises_a_bug() -> None:
 
 def test_threads_only_for_compute_bound_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Table-driven codes and quantizers go to the pool; raw, checksummed and shardrs
-    blocks (memory speed) stay on the calling thread unless forced."""
+    blocks (memory speed) stay on the calling thread unless forced, and so do reads of
+    clean blocks: only decoding goes to the pool."""
     assert compute_bound(codec_for("rs(255,239)")) and compute_bound(codec_for("bch(m=13,t=8)"))
     assert compute_bound(codec_for("planes(high=rs(255,223),low=none)"))
     assert compute_bound(None, quantizer_for("kivi(bits=4)"))
@@ -183,6 +184,12 @@ def test_threads_only_for_compute_bound_blocks(monkeypatch: pytest.MonkeyPatch) 
         jobs = [BlockToEncode(_header(i), d, codec_for(code)) for i, d in enumerate(data)]
         recs = encode_blocks(jobs)
         assert used == ([True] if want else [])
+        used.clear()
+        read_blocks([BlockToRead(decode_record(r), None) for r in recs])
+        assert used == [False]          # clean: a hash and a copy each, no pool
+        for r in recs:                  # a damaged byte in every block's data
+            dec = decode_record(r)
+            r[dec.header_bytes + 5] ^= 0xFF
         used.clear()
         read_blocks([BlockToRead(decode_record(r), None) for r in recs])
         assert used == [want]
