@@ -12,6 +12,7 @@ caller runs the full decode on the same bytes, so statuses, errors and repairs a
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,19 @@ _OFF = payload_offset(_HLEN)
 _PRE = MAGIC + bytes([FORMAT_VERSION, 0]) + _HLEN.to_bytes(2, "little")
 _LEAD = _P2 + _HLEN                      # both leading preludes and the first header copy
 _xxh64 = xxhash.xxh3_64_intdigest
+
+
+@lru_cache(maxsize=256)
+def _layout(shape: tuple[int, int, int, int], dtype: str
+            ) -> tuple[tuple[int, int, int, int], np.dtype[Any], int, int, bytes, int]:
+    """What a block of ``shape`` says past its key and fingerprint (dtype, shape, lengths,
+    checksum algorithm), and its sizes: the same for every chunk of that many tokens."""
+    dt = numpy_dtype(dtype)
+    nbytes = int(np.prod(shape)) * dt.itemsize
+    body = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16), shape=shape,
+                        dtype=dtype, data_len=nbytes, payload_len=nbytes).to_bytes()
+    return (shape, dt, nbytes, nbytes // dt.itemsize, body[_LAYER + 2:_CK],
+            _OFF + nbytes + _HLEN + PRELUDE_BYTES)
 _xxh128 = xxhash.xxh3_128_digest
 
 
@@ -52,16 +66,10 @@ class FastCheck:
     __slots__ = ("count", "dtype", "fixed", "nbytes", "shape", "tail", "total")
 
     def __init__(self, key: bytes, fp: bytes, spec: ModelSpec, n_tokens: int) -> None:
-        self.shape = spec.block_shape(n_tokens)
-        self.dtype = numpy_dtype(spec.dtype)
-        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
-        self.count = self.nbytes // self.dtype.itemsize
-        body = RecordHeader(key=key, layer=0, fingerprint=fp, shape=self.shape,
-                            dtype=spec.dtype, data_len=self.nbytes,
-                            payload_len=self.nbytes).to_bytes()
-        self.fixed = _PRE * 2 + body[:_LAYER]              # preludes, key, fingerprint
-        self.tail = body[_LAYER + 2:_CK]                    # dtype, shape, lengths, algorithm
-        self.total = _OFF + self.nbytes + _HLEN + PRELUDE_BYTES
+        shape = spec.block_shape(n_tokens)
+        self.shape, self.dtype, self.nbytes, self.count, self.tail, self.total = _layout(
+            shape, spec.dtype)
+        self.fixed = _PRE * 2 + key + fp                    # preludes, key, fingerprint
 
     def copy(self, rec: Any, layer: int, size: int, dest: np.ndarray) -> bool:
         """Verify ``rec`` as block ``layer`` (``size``: its length in the index) and copy its

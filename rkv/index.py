@@ -29,16 +29,17 @@ transaction (and the store's writer lock, see :mod:`rkv.txn`), so no update is l
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
 from rkv.errors import CorruptStoreError, UnknownFormatError
+from rkv.indexlabels import _labels, _palette, _times
+from rkv.indexlabels import label_parts as label_parts  # (re-exported: callers import here)
+from rkv.indexlabels import pipe_label as pipe_label
 from rkv.lmdbenv import SharedEnv, acquire, release
 
 INDEX_FORMAT = 3
@@ -49,73 +50,7 @@ MODELS = b"models"
 META = b"meta"
 _DBS = (CHUNKS, KIDS, LRU, MODELS, META)
 INDEX_MAP_BYTES = 64 << 30
-#: A block's pipeline as the index records it: ``"<bits>/<code spec>"``, e.g.
-#: ``"4/rs(n=255,k=239,interleave=1)"`` or ``"16/none"`` (a summary for accounting; the
-#: record header is the authority on what a record holds).
-_LABEL = re.compile(r"(?:[1-9]|1[0-6])/[a-z][a-z0-9_]*(?:\([A-Za-z0-9_=,.()+ -]*\))?")
-_LABEL_MAX = 160
-
-
-def pipe_label(bits: int, code: str) -> str:
-    """The index label of a block stored at ``bits`` bits with code ``code``."""
-    return f"{int(bits)}/{code}"
-
-
-def label_parts(label: str) -> tuple[int, str]:
-    """(bits, code) of a label :func:`pipe_label` made."""
-    bits, code = label.split("/", 1)
-    return int(bits), code
-
-
-def _labels(raw: Any, n_blocks: int) -> tuple[str, ...]:
-    """The per-layer labels of an entry's ``q`` field (``{"p": palette, "l": indices}``,
-    -1 for a layer whose pipeline is unknown); CorruptStoreError for anything malformed."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict) or set(raw) != {"p", "l"}:
-        raise CorruptStoreError("corrupt index entry: pipeline labels are malformed")
-    pal, idx = raw["p"], raw["l"]
-    if not (isinstance(pal, list) and isinstance(idx, list) and len(idx) == n_blocks
-            and len(pal) <= n_blocks):
-        raise CorruptStoreError("corrupt index entry: pipeline labels do not match its blocks")
-    for lab in pal:
-        if type(lab) is not str or not _label_ok(lab):
-            raise CorruptStoreError("corrupt index entry: bad pipeline label")
-    if idx and (set(map(type, idx)) != {int} or min(idx) < -1 or max(idx) >= len(pal)):
-        raise CorruptStoreError("corrupt index entry: pipeline label index out of range")
-    labels = [*pal, ""]        # index -1: unknown
-    return tuple([labels[i] for i in idx])
-
-
-def _times(raw: Any, n_blocks: int) -> tuple[int, ...]:
-    """The per-layer write times of an entry's ``w`` field (``{"t": distinct ns, "l":
-    indices}``, -1 for a layer whose time is unknown, 0 in the result); CorruptStoreError
-    for anything malformed."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict) or set(raw) != {"t", "l"}:
-        raise CorruptStoreError("corrupt index entry: write times are malformed")
-    times, idx = raw["t"], raw["l"]
-    if not (isinstance(times, list) and isinstance(idx, list) and len(idx) == n_blocks
-            and len(times) <= n_blocks):
-        raise CorruptStoreError("corrupt index entry: write times do not match its blocks")
-    if times and (set(map(type, times)) != {int} or min(times) < 1 or max(times) >= 1 << 64):
-        raise CorruptStoreError("corrupt index entry: bad write time")
-    if idx and (set(map(type, idx)) != {int} or min(idx) < -1 or max(idx) >= len(times)):
-        raise CorruptStoreError("corrupt index entry: write time index out of range")
-    return tuple([[*times, 0][i] for i in idx])
-
-
-def _palette(values: tuple[Any, ...], n: int, unknown: Any) -> tuple[list[Any], list[int]]:
-    """(distinct known values, sorted; per layer of ``n`` its index, -1 when unknown)."""
-    pal = sorted({v for v in values if v != unknown})
-    at = {v: i for i, v in enumerate(pal)}
-    return pal, [at.get(values[i], -1) if i < len(values) else -1 for i in range(n)]
-
-
-@lru_cache(maxsize=256)
-def _label_ok(label: str) -> bool:
-    return len(label) <= _LABEL_MAX and _LABEL.fullmatch(label) is not None
+_PARSED: dict[bytes, ChunkMeta] = {}     # parsed entries by their bytes (frozen: shared)
 
 
 @dataclass(frozen=True)
@@ -143,6 +78,16 @@ class ChunkMeta:
             object.__setattr__(self, "pipes", ())
         if self.written and not any(self.written):
             object.__setattr__(self, "written", ())
+
+    def layer_tiers(self, n_layers: int) -> tuple[str, ...]:
+        """The tier of each of ``n_layers`` layers ("?" past the entry's), computed once per
+        entry object (reads ask for it per block; parsed entries are shared)."""
+        got: tuple[str, ...] | None = self.__dict__.get("_tiers")
+        if got is None or len(got) != n_layers:
+            tiers = tuple(t for t, _ in self.blocks)[:n_layers]
+            got = tiers + ("?",) * (n_layers - len(tiers))
+            object.__setattr__(self, "_tiers", got)
+        return got
 
     def written_at(self, layer: int) -> int:
         """Layer ``layer``'s write time in ns, 0 when unknown."""
@@ -177,8 +122,18 @@ class ChunkMeta:
 
     @classmethod
     def from_json(cls, raw: Any) -> ChunkMeta:
+        """An entry, parsed once per distinct bytes (every get reads the same ones again)."""
+        data = bytes(raw)
+        meta = _PARSED.get(data) or cls._parse(data)
+        if len(_PARSED) >= 4096:
+            _PARSED.clear()
+        _PARSED[data] = meta
+        return meta
+
+    @classmethod
+    def _parse(cls, raw: bytes) -> ChunkMeta:
         try:
-            d = json.loads(bytes(raw))
+            d = json.loads(raw)
             blocks = tuple((str(t), int(s)) for t, s in d["b"])
             meta = cls(
                 parent=bytes.fromhex(d["p"]), pos=int(d["i"]), n_tokens=int(d["n"]),

@@ -90,22 +90,25 @@ class ReadPath:
 
     def read_layers(self, reader: Readers, key: bytes, ci: int, meta: ChunkMeta, fp: bytes,
                     spec: ModelSpec, layers: Iterable[int], dest: np.ndarray, log: BlockLog,
-                    strict: bool, check: FastCheck | None = None) -> bool:
+                    strict: bool, check: FastCheck | None = None, whole: bool = True) -> bool:
         """Read ``layers`` of one chunk into ``dest[layer]`` (``[layers, 2, n, ...]``),
         logging each block; True when one was uncorrectable or missing.
 
         A clean record (current format, no codecs, every prelude and the first header copy
         as expected, its checksum right) takes :class:`FastCheck`; anything else goes, with
-        the bytes already read, through :meth:`read_block`: same statuses, same errors."""
-        tiers = tuple(t for t, _ in meta.blocks)
-        log.chunks.append((ci, tiers[:spec.n_layers] + ("?",) * (spec.n_layers - len(tiers))))
+        the bytes already read, through :meth:`read_block`: same statuses, same errors.
+        ``whole``: the chunk's every layer is read (logged as a chunk; else only the blocks
+        that were not plainly ok are logged)."""
+        tiers = meta.layer_tiers(spec.n_layers)
+        if whole:
+            log.chunks.append((ci, tiers))
         check = check or FastCheck(key, fp, spec, meta.n_tokens)
         bad = False
         for layer in layers:
             d = dest[layer]
             got: Any = None
             fetched: tuple[Any, Erased] | None = (None, ())
-            if layer < len(tiers) and tiers[layer] in self.tiers:
+            if tiers[layer] in self.tiers:
                 try:
                     got = reader(tiers[layer]).get(block_key(key, layer))
                     fetched = (got, ())

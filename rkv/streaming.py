@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -65,6 +66,7 @@ class _Producer:
         self.thread = threading.Thread(target=self.run, name="rkv-layers", daemon=True)
 
     def run(self) -> None:
+        time.sleep(0)     # let the caller (waiting in Thread.start for the GIL) go on
         try:
             self._read()
             self.q.put(_END)
@@ -92,15 +94,15 @@ class _Producer:
                     meta = metas[ci]
                     bad = reads.read_layers(readers, keys[ci], ci, meta, fp, spec, (layer,),
                                             self.out[:, :, starts[ci]:starts[ci + 1]], log,
-                                            False, checks[ci])
-                    tier = meta.blocks[layer][0] if layer < len(meta.blocks) else "?"
-                    statuses.append(log.special.get((ci, layer))
-                                    or BlockStatus(ci, layer, tier, OK))
+                                            False, checks[ci], whole=False)
+                    statuses.append(log.special.get((ci, layer)) or BlockStatus(
+                        ci, layer, meta.layer_tiers(spec.n_layers)[layer], OK))
                     if bad:
                         n_chunks = ci
                         break
                 n = starts[n_chunks]
                 self.q.put(LayerKV(layer, self.out[layer, :, :n], statuses, n))
+                time.sleep(0)    # hand the GIL to a consumer waiting for this layer
 
 
 class LayerStream:
