@@ -226,7 +226,8 @@ def main() -> None:
     ap.add_argument("--read-mode", choices=["mmap", "pread"], default="mmap",
                     help="the tier's reads setting (pread: SIGBUS-safe copies from the file)")
     ap.add_argument("--batch-seqs", type=int, default=16, help="sequences per put_many")
-    ap.add_argument("--batch-tokens", type=int, default=256, help="tokens per small sequence")
+    ap.add_argument("--batch-tokens", default="16,256",
+                    help="tokens per small sequence (a comma list: one figure each)")
     ap.add_argument("--batch-model", default="smollm2-135m")
     ap.add_argument("--stream-tokens", type=int, default=4096)
     ap.add_argument("--stream-model", default="smollm2-135m")
@@ -271,33 +272,41 @@ def main() -> None:
               f"{r['get_ratio']:.2f} | {r['raw_get_into']:.2f} | {r['get_into']:.2f} | "
               f"{r['get_into_ratio']:.2f} |")
     bspec, sspec = MODELS[args.batch_model], MODELS[args.stream_model]
-    small = workload(bspec, args.batch_seqs, args.batch_tokens, seed=1)
-    bt: dict[str, list[float]] = {"one_at_a_time": [], "put_many": []}
+    sizes = [int(x) for x in str(args.batch_tokens).split(",")]
+    smalls = {n: workload(bspec, args.batch_seqs, n, seed=1) for n in sizes}
+    bt: dict[int, dict[str, list[float]]] = {n: {"one_at_a_time": [], "put_many": []}
+                                             for n in sizes}
     st: dict[str, list[float]] = {"first_layer": [], "stream": [], "get": []}
     for _ in range(args.repeat):
         base = Path(tempfile.mkdtemp(prefix="rkv-bench-", dir=where))
         try:
-            for k, v in zip(bt, batch_run(base, bspec, small, args.chunk, args.medium),
-                            strict=True):
-                bt[k].append(v)
+            for n, small in smalls.items():
+                sub = base / f"batch{n}"
+                for k, v in zip(bt[n], batch_run(sub, bspec, small, args.chunk, args.medium),
+                                strict=True):
+                    bt[n][k].append(v)
             for k, v in zip(st, stream_run(base, sspec, args.stream_tokens, args.chunk,
                                            args.medium, args.reads), strict=True):
                 st[k].append(v)
         finally:
             shutil.rmtree(base, ignore_errors=True)
-    bmed = {k: statistics.median(v) for k, v in bt.items()}
+    batches = []
+    for n in sizes:
+        bmed = {k: statistics.median(v) for k, v in bt[n].items()}
+        batches.append({"model": args.batch_model, "seqs": args.batch_seqs, "tokens": n,
+                        **{f"{k}_seqs_per_s": args.batch_seqs / v for k, v in bmed.items()},
+                        "ratio": bmed["one_at_a_time"] / bmed["put_many"]})
     smed = {k: statistics.median(v) for k, v in st.items()}
-    batch = {"model": args.batch_model, "seqs": args.batch_seqs, "tokens": args.batch_tokens,
-             **{f"{k}_seqs_per_s": args.batch_seqs / v for k, v in bmed.items()},
-             "ratio": bmed["one_at_a_time"] / bmed["put_many"]}
     stream = {"model": args.stream_model, "layers": sspec.n_layers,
               "tokens": args.stream_tokens, **{f"{k}_ms": v * 1e3 for k, v in smed.items()},
               "first_layer_over_get": smed["first_layer"] / smed["get"],
               "stream_over_get": smed["stream"] / smed["get"]}
-    print(f"\nput_many of {args.batch_seqs} sequences x {args.batch_tokens} tokens "
-          f"({args.batch_model}): {batch['one_at_a_time_seqs_per_s']:.0f} sequences/s one "
-          f"put at a time, {batch['put_many_seqs_per_s']:.0f} with put_many: "
-          f"**{batch['ratio']:.2f}x**")
+    print()
+    for b in batches:
+        print(f"put_many of {args.batch_seqs} sequences x {b['tokens']} tokens "
+              f"({args.batch_model}): {b['one_at_a_time_seqs_per_s']:.0f} sequences/s one "
+              f"put at a time, {b['put_many_seqs_per_s']:.0f} with put_many: "
+              f"**{b['ratio']:.2f}x**")
     print(f"get_layers of {args.stream_tokens} tokens x {sspec.n_layers} layers "
           f"({args.stream_model}, out=): first layer {stream['first_layer_ms']:.2f} ms, "
           f"whole stream {stream['stream_ms']:.2f} ms, full get {stream['get_ms']:.2f} ms: "
@@ -306,7 +315,7 @@ def main() -> None:
     print(f"load average at the end: {' '.join(load)}")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"args": vars(args), "loadavg_end": load, "engine": rows, "put_many": batch,
+            {"args": vars(args), "loadavg_end": load, "engine": rows, "put_many": batches,
              "stream": stream}, indent=2))
 
 

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -103,11 +103,16 @@ class PutPlan:
     placement: PlacementConfig | None = None    # the put's own targets
 
 
+@lru_cache(maxsize=64)
+def _spec_json(spec: ModelSpec) -> bytes:
+    return json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode()
+
+
 def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> PutResult:
     """Plan the records of ``plan``'s new chunks and their index entries (one mutation)."""
     ix, decide = engine._index, engine._decide
     spec, fp, keys = plan.spec, plan.fp, plan.keys
-    ix.put_model(txn, fp, json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode())
+    ix.put_model(txn, fp, _spec_json(spec))
     now_ns = time.time_ns()
     now = now_ns / 1e9
     stamp = stamped(engine.clock)      # the records' write time, by the engine's clock
@@ -160,6 +165,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                          fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,
                                                           layer_sizes, strict=True)),
                          at=now_ns, pipes=tuple(pipeline_label(p) for p in pipes),
+                         end=i == len(keys) - 1,     # (the sequence ends here: see below)
                          written=(stamp,) * spec.n_layers)
         ix.put_chunk(txn, key, meta, None)
         decide.inserted(key, meta, tier, now)
