@@ -129,6 +129,7 @@ def plan_gets(engine: Engine, requests: Sequence[Any], spec: ModelSpec,
     for _, fp, toks, keys in prepared:
         if engine._log is not None:
             engine._log.record("get", fp, keys, len(toks))
+        engine._decide.release(keys)      # the request ran: its prefetch hold is over
     gets = []
     with engine._index.env.read() as txn:
         for i, (_, _, toks, keys) in enumerate(prepared):
@@ -140,8 +141,6 @@ def plan_gets(engine: Engine, requests: Sequence[Any], spec: ModelSpec,
                                numpy_dtype(spec.dtype))
             gets.append(_Get(keys, len(toks), metas, damaged, stored,
                              check_out(out, spec, len(toks), stored)))
-    for g in gets:
-        engine._decide.release(g.keys)      # the request ran: its prefetch hold is over
     return gets
 
 
