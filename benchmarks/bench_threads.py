@@ -20,12 +20,15 @@ the calling thread, decoding on the pool), and with threads forced for compariso
 The machine is shared: each row records the share of the cores that other processes used
 while it ran (all CPU time in /proc/stat less this process's own); ``--wait-idle`` waits for
 the cores to be free before each row and ``--retries`` measures a row again when others
-took 10 % or more. The 1-minute load average before and after is recorded too.
+took 10 % or more. The 1-minute load average before and after is recorded too. glibc's
+malloc is told to keep freed memory (``keep_freed_memory``; ``--malloc-default`` not to), so
+that rows measure the codecs rather than page faults on fresh memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -279,6 +282,21 @@ def measure(fn: Callable[[], Any], n: int, repeat: int
     return serial, threaded, max(0.0, others)
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to serve large blocks from its heap and keep freed memory (as a
+    long-running server's allocator does once warm). By default every 192 KiB result (an
+    encoded block as ``bytes``) is fresh memory from mmap: ~50 page faults a block, which
+    cost more than the RS encode itself here and serialize threads on the kernel's memory
+    map lock. True when glibc accepted it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 256 << 20)
+                and libc.mallopt(m_trim_threshold, 1 << 30))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=64)
@@ -289,10 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
                     help="before each row, wait up to S seconds for the other processes "
                          "to leave the cores (under 10%% busy over a second)")
+    ap.add_argument("--malloc-default", action="store_true",
+                    help="leave glibc's malloc as it is (see keep_freed_memory)")
     ap.add_argument("--retries", type=int, default=0,
                     help="measure a row again (up to this many times) when other processes "
                          "used 10%% of the cores or more meanwhile")
     args = ap.parse_args(argv)
+    kept = False if args.malloc_default else keep_freed_memory()
     n = args.threads or parallel.available_cpus()
     data = blocks(args.mib)
     todo = {k: v for k, v in stages(data).items() if args.only in k}
@@ -317,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * others:.0f}% of the cores)", flush=True)
     load1 = os.getloadavg()
     print(f"load average (1, 5, 15 min) before {load0}, after {load1}; "
-          f"{len(data)} blocks of {data[0].nbytes >> 10} KiB")
+          f"{len(data)} blocks of {data[0].nbytes >> 10} KiB; malloc keeps freed memory: {kept}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
@@ -327,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                         "processor": platform.processor() or platform.machine()},
             "threads": n, "blocks": len(data), "block_bytes": data[0].nbytes,
             "repeat": args.repeat, "loadavg_before": load0, "loadavg_after": load1,
+            "malloc_keeps_freed_memory": kept,
             "rows": [{**asdict(r), "serial_gbps": r.serial_gbps,
                       "threaded_gbps": r.threaded_gbps, "speedup": r.speedup}
                      for r in rows],
