@@ -91,9 +91,11 @@ def test_shardrs_columns_with_erased_shards(seed: int, m: int, draw: st.DataObje
         cs = (enc.size - base) // (k + m)
         enc[base + hit * cs] ^= 0xFF
     else:
-        cols = rng.integers(0, s, hit.size)
+        # Distinct columns, e hit shards per column: at most e bad bytes in any column (two
+        # independent draws of the same column would put 2e there, past what m allows).
+        cols = rng.choice(s, size=-(-hit.size // e), replace=False)
         for i, j in enumerate(hit):
-            enc[j * s + cols[i // e]] ^= 0x5A     # at most e bad bytes in any column
+            enc[j * s + cols[i // e]] ^= 0x5A
     res = c.decode(enc, erasures=[int(j * s + i) for j in gone for i in range(s)])
     assert res.ok and res.data == data
 
