@@ -98,6 +98,12 @@ class Engine:
         self.migrated_from: int | None = None
         self._log: Any = None
         self._scrubber: Any = None
+        from rkv import parallel
+        from rkv.blockcodec import RecordArena
+
+        parallel.configure(config.codec_threads)   # the codec pool (process-wide)
+        #: Where a put's compute-bound records are encoded (reused: no page faults per put).
+        self._arena = RecordArena()
         self._promotions = Promotions(self)
 
     # -- opening and closing ------------------------------------------------------------------

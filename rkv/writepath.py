@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ import numpy as np
 
 from policies.base import Item, Reason
 from rkv.ages import now_ns as stamped
-from rkv.blockcodec import encode_block
+from rkv.blockcodec import BlockToEncode, compute_bound, encode_block, encode_blocks
 from rkv.decisions import RECOMPUTE_TPS, Protected, free_chunk
 from rkv.errors import ConfigError, CorruptStoreError
 from rkv.index import ChunkMeta
@@ -108,6 +108,28 @@ def _spec_json(spec: ModelSpec) -> bytes:
     return json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode()
 
 
+class EncodeBatch:
+    """The compute-bound blocks of one put, encoded together on the codec thread pool
+    (:func:`rkv.blockcodec.encode_blocks`) the first time the flush asks for one of them.
+    Each block's planned write is a callable that returns its record, so a write the
+    mutation drops meanwhile is never encoded in vain by a later decision, and the records
+    live in the engine's arena until its next batch (after this mutation's flush)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.jobs: list[BlockToEncode] = []
+        self.records: list[Any] | None = None
+
+    def add(self, job: BlockToEncode) -> Callable[[], Any]:
+        self.jobs.append(job)
+        return partial(self._record, len(self.jobs) - 1)
+
+    def _record(self, i: int) -> Any:
+        if self.records is None:
+            self.records = encode_blocks(self.jobs, self.engine._arena)
+        return self.records[i]
+
+
 def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> PutResult:
     """Plan the records of ``plan``'s new chunks and their index entries (one mutation)."""
     ix, decide = engine._index, engine._decide
@@ -122,6 +144,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     per_tier: Counter[str] = Counter()
     written = deduped = blocks = nbytes = refused = 0
     scratch = Scratch()
+    batch = EncodeBatch(engine)
     planned = Planned(engine, plan)
     for i, key in enumerate(keys):
         mine.add(key)
@@ -155,8 +178,12 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
             # record, so no block needs a buffer of its own).
             pipe = pipes[layer]
             data = plan.arr[layer, :, start:end]
+            enc: Callable[[], Any]
             if pipe.codec is None and pipe.quant is None:   # raw: what encode_block runs
                 enc = partial(encode_array_record, header, data, scratch, layer)
+            elif compute_bound(pipe.codec, pipe.quant):     # RS, BCH, a quantizer: threads
+                enc = batch.add(BlockToEncode(header.with_layer(layer), data, pipe.codec,
+                                              pipe.quant))
             else:
                 enc = partial(encode_block, header.with_layer(layer), data, pipe.codec,
                               scratch, pipe.quant)
