@@ -20,6 +20,19 @@ def tiny() -> object:
     return tiny_llama()
 
 
+def corrupt(e: Engine, pc: HFPrefixCache, ids: object, *, chunk: int, layer: int) -> None:
+    """Flip a payload bit of one stored block (its checksum then fails)."""
+    from rkv.keys import as_token_array, block_key, chunk_keys
+    from rkv.record import decode_record
+
+    tier = e.tiers["dram"]
+    key = block_key(chunk_keys(as_token_array(ids[0].tolist()),  # type: ignore[index]
+                               pc.spec.fingerprint(), 16)[chunk], layer)
+    rec = bytearray(tier.get(key) or b"")
+    rec[decode_record(rec).header_bytes + 11] ^= 0x40
+    tier.put(key, rec)
+
+
 def test_cache_round_trip_gives_identical_logits(tiny: object) -> None:
     model = tiny
     ids = torch.randint(0, 97, (1, 40))
@@ -61,15 +74,7 @@ def test_corrupt_stored_kv_is_recomputed_not_used(tiny: object, tmp_path: Path) 
     with Engine.open(tmp_path / "s", local_config(16, repair=False)) as e:
         pc = HFPrefixCache(e, model, model_id="tiny-llama")
         pc.prefill(ids)
-        from rkv.keys import as_token_array, block_key, chunk_keys
-        from rkv.record import decode_record
-
-        tier = e.tiers["dram"]
-        first = chunk_keys(as_token_array(ids[0].tolist()), pc.spec.fingerprint(), 16)[0]
-        key = block_key(first, 1)                    # chunk 0, layer 1
-        rec = bytearray(tier.get(key) or b"")
-        rec[decode_record(rec).header_bytes + 11] ^= 0x40
-        tier.put(key, rec)
+        corrupt(e, pc, ids, chunk=0, layer=1)
         warm = pc.prefill(ids)
         assert warm.restored_tokens == 0            # the broken chunk ends the reuse
         with torch.no_grad():
@@ -101,15 +106,7 @@ def test_a_streamed_restore_that_meets_a_lost_block_falls_back(tiny: object, tmp
     with Engine.open(tmp_path / "s", local_config(16, repair=False)) as e:
         pc = HFPrefixCache(e, model, model_id="tiny-llama")
         pc.prefill(ids)
-        from rkv.keys import as_token_array, block_key, chunk_keys
-        from rkv.record import decode_record
-
-        tier = e.tiers["dram"]
-        second = chunk_keys(as_token_array(ids[0].tolist()), pc.spec.fingerprint(), 16)[1]
-        key = block_key(second, 1)                  # chunk 1, layer 1: after layer 0 ran
-        rec = bytearray(tier.get(key) or b"")
-        rec[decode_record(rec).header_bytes + 11] ^= 0x40
-        tier.put(key, rec)
+        corrupt(e, pc, ids, chunk=1, layer=1)        # after layer 0 ran
         warm = pc.prefill(ids, stream=True)
         assert warm.restored_tokens == 16           # the verified chunk before it
         with torch.no_grad():
