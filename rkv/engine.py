@@ -99,11 +99,10 @@ class Engine:
         self._log: Any = None
         self._scrubber: Any = None
         from rkv import parallel
-        from rkv.blockcodec import RecordArena
 
         parallel.configure(config.codec_threads)   # the codec pool (process-wide)
-        #: Where a put's compute-bound records are encoded (reused: no page faults per put).
-        self._arena = RecordArena()
+        #: Record arenas of the puts' encode batches (rkv.writepath.EncodeBatch).
+        self._arenas: dict[str, Any] = {}
         self._promotions = Promotions(self)
 
     # -- opening and closing ------------------------------------------------------------------

@@ -21,7 +21,13 @@ import numpy as np
 
 from policies.base import Item, Reason
 from rkv.ages import now_ns as stamped
-from rkv.blockcodec import BlockToEncode, compute_bound, encode_block, encode_blocks
+from rkv.blockcodec import (
+    BlockToEncode,
+    RecordArena,
+    compute_bound,
+    encode_block,
+    encode_blocks,
+)
 from rkv.decisions import RECOMPUTE_TPS, Protected, free_chunk
 from rkv.errors import ConfigError, CorruptStoreError
 from rkv.index import ChunkMeta
@@ -110,23 +116,38 @@ def _spec_json(spec: ModelSpec) -> bytes:
 
 class EncodeBatch:
     """The compute-bound blocks of one put, encoded together on the codec thread pool
-    (:func:`rkv.blockcodec.encode_blocks`) the first time the flush asks for one of them.
-    Each block's planned write is a callable that returns its record, so a write the
-    mutation drops meanwhile is never encoded in vain by a later decision, and the records
-    live in the engine's arena until its next batch (after this mutation's flush)."""
+    (:func:`rkv.blockcodec.encode_blocks`) the first time a write asks for one of them
+    (the flush, or a move of a planned write within the mutation). Each block's planned
+    write is a callable that returns its record, so a write the mutation drops is never
+    encoded in vain. Blocks added after a first encode are encoded as a batch of their own.
 
-    def __init__(self, engine: Engine) -> None:
+    Records are carved from reused arenas (fresh memory costs a page fault per 4 KiB, about
+    as much as an RS encode, and faults serialize threads). A record must stay valid until
+    the flush writes it, and the writes of several puts and tiers interleave in one flush,
+    so an arena serves one batch per mutation: the engine's arenas come back for reuse when
+    the next mutation starts (mutations run one at a time, under the writer lock, and each
+    flushes before it ends)."""
+
+    def __init__(self, engine: Engine, pending: Pending) -> None:
         self.engine = engine
         self.jobs: list[BlockToEncode] = []
-        self.records: list[Any] | None = None
+        self.records: list[Any] = []
+        arenas = engine._arenas
+        if arenas.get("mutation") is not pending:     # a new mutation: reuse them all
+            arenas["mutation"] = pending
+            arenas["free"] = arenas.get("free", []) + arenas.get("used", [])
+            arenas["used"] = []
 
     def add(self, job: BlockToEncode) -> Callable[[], Any]:
         self.jobs.append(job)
         return partial(self._record, len(self.jobs) - 1)
 
     def _record(self, i: int) -> Any:
-        if self.records is None:
-            self.records = encode_blocks(self.jobs, self.engine._arena)
+        if i >= len(self.records):
+            arenas = self.engine._arenas
+            arena = arenas["free"].pop() if arenas["free"] else RecordArena()
+            arenas["used"].append(arena)
+            self.records += encode_blocks(self.jobs[len(self.records):], arena)
         return self.records[i]
 
 
@@ -144,7 +165,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     per_tier: Counter[str] = Counter()
     written = deduped = blocks = nbytes = refused = 0
     scratch = Scratch()
-    batch = EncodeBatch(engine)
+    batch = EncodeBatch(engine, pending)
     planned = Planned(engine, plan)
     for i, key in enumerate(keys):
         mine.add(key)
