@@ -97,6 +97,7 @@ from .dram_modes import (
     DramMode,
     default_modes,
     mode_from_dict,
+    normalize_modes,
 )
 from .errors import FaultModelError
 
@@ -172,7 +173,7 @@ class DramModel(FaultModel):
             raise FaultModelError(
                 f"dram: a bank ({self.bank_bytes} bytes) is smaller than a row "
                 f"({self.row_bytes} bytes); check device_bytes, banks, row_bytes")
-        set_(self, "modes", self._normalize_modes(self.modes))
+        set_(self, "modes", normalize_modes(self.modes))
         self.resolved_modes()  # validates footprints
 
     # -- geometry ------------------------------------------------------------------------------
@@ -188,28 +189,6 @@ class DramModel(FaultModel):
     @property
     def bank_bytes(self) -> int:
         return self.rank_bytes // self.banks
-
-    @staticmethod
-    def _normalize_modes(modes: Any) -> tuple[tuple[str, DramMode], ...]:
-        items = modes.items() if isinstance(modes, Mapping) else modes
-        got: dict[str, DramMode] = {}
-        try:
-            for name, m in items:
-                if name not in MODE_NAMES:
-                    raise FaultModelError(
-                        f"dram: unknown fault mode {name!r}; modes: {', '.join(MODE_NAMES)}")
-                if isinstance(m, Mapping):
-                    m = mode_from_dict(name, m)
-                if not isinstance(m, DramMode):
-                    raise FaultModelError(f"dram: mode {name!r} must be a DramMode or a dict")
-                got[name] = m
-        except (TypeError, ValueError) as e:
-            if isinstance(e, FaultModelError):
-                raise
-            raise FaultModelError(f"dram.modes must map mode names to modes: {e}") from None
-        for name in MODE_NAMES:
-            got.setdefault(name, DramMode(*SC12_FIT[name]))
-        return tuple((name, got[name]) for name in MODE_NAMES)
 
     def mode(self, name: str) -> DramMode:
         for nm, m in self.modes:

@@ -15,7 +15,8 @@ from typing import Any
 from ._checks import as_float, as_int, check_keys
 from .errors import FaultModelError
 
-__all__ = ["MODE_KIND", "MODE_NAMES", "SC12_FIT", "DramMode", "default_modes", "mode_from_dict"]
+__all__ = ["MODE_KIND", "MODE_NAMES", "SC12_FIT", "DramMode", "default_modes", "mode_from_dict",
+           "normalize_modes"]
 
 MODE_NAMES = (
     "single-bit",
@@ -95,3 +96,27 @@ def mode_from_dict(name: str, d: Mapping[str, Any]) -> DramMode:
         )
     except FaultModelError as e:
         raise FaultModelError(f"dram mode {name}: {e}") from None
+
+
+def normalize_modes(modes: Any) -> tuple[tuple[str, DramMode], ...]:
+    """``dram.modes`` as given (a mapping or pairs; dicts or DramModes) as every mode in
+    :data:`MODE_NAMES` order, the ones not given at their SC'12 FITs."""
+    items = modes.items() if isinstance(modes, Mapping) else modes
+    got: dict[str, DramMode] = {}
+    try:
+        for name, m in items:
+            if name not in MODE_NAMES:
+                raise FaultModelError(
+                    f"dram: unknown fault mode {name!r}; modes: {', '.join(MODE_NAMES)}")
+            if isinstance(m, Mapping):
+                m = mode_from_dict(name, m)
+            if not isinstance(m, DramMode):
+                raise FaultModelError(f"dram: mode {name!r} must be a DramMode or a dict")
+            got[name] = m
+    except (TypeError, ValueError) as e:
+        if isinstance(e, FaultModelError):
+            raise
+        raise FaultModelError(f"dram.modes must map mode names to modes: {e}") from None
+    for name in MODE_NAMES:
+        got.setdefault(name, DramMode(*SC12_FIT[name]))
+    return tuple((name, got[name]) for name in MODE_NAMES)

@@ -32,7 +32,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +43,7 @@ from rkv.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE
 from rkv.scrub_report import ScrubConfig, ScrubReport, TierScrub
 
 __all__ = ["BackgroundScrubber", "ScrubConfig", "ScrubReport", "Scrubber", "TierScrub",
-           "interval_hours_for", "refresh_hours_for", "scrub", "start_background",
-           "tier_schedules"]
+           "scrub", "start_background", "tier_schedules"]
 
 if TYPE_CHECKING:
     from rkv.engine import Engine
@@ -91,15 +90,32 @@ class Scrubber:
             raise ConfigError(f"scrub: no tier {', '.join(unknown)} (tiers: "
                               f"{', '.join(engine.tiers)})")
         self.tier_names = tuple(names)
+        self._schedules: dict[str, dict[str, Any]] | None = None
         given = self.config.refresh_hours
-        sched = ({} if all(n in given for n in names) else tier_schedules(engine))
         self._refresh_ns: dict[str, float] = {}
         for n in names:
             h = given.get(n)
             if h is None:
-                r = sched.get(n, {}).get("refresh_hours", math.inf)
+                r = self.schedules().get(n, {}).get("refresh_hours", math.inf)
                 h = math.inf if r is None else float(r)
             self._refresh_ns[n] = h * NS_PER_HOUR if math.isfinite(h) and h > 0 else math.inf
+
+    # -- schedule ---------------------------------------------------------------------------
+    def schedules(self) -> dict[str, dict[str, Any]]:
+        """The tiers' schedules (:func:`tier_schedules`), computed once (it takes seconds)."""
+        if self._schedules is None:
+            self._schedules = tier_schedules(self.engine)
+        return self._schedules
+
+    def interval_hours(self) -> float | None:
+        """The shortest scrub interval of the scrubbed tiers' schedules (inf: none needs
+        one; None: none is known)."""
+        sch = self.schedules()
+        hours = [sch[t].get("scrub_hours") for t in self.tier_names if t in sch]
+        finite = [float(h) for h in hours if h is not None and math.isfinite(float(h))]
+        if finite:
+            return min(finite)
+        return math.inf if hours else None
 
     @property
     def lead_ns(self) -> float:
@@ -310,17 +326,16 @@ class Scrubber:
 
         outcomes = engine._mutate(fn)
         dropped_chunks = set()
-        for (key, _, tier), what in zip(items, outcomes, strict=True):
+        for (key, layer, tier), what in zip(items, outcomes, strict=True):
             t = report.tiers[tier]
             setattr(t, what, getattr(t, what) + 1)
             if what == "lost":
                 dropped_chunks.add(key)
-                self._seen_corrected.discard((key, _))
+                self._seen_corrected.discard((key, layer))
         report.chunks_dropped += len(dropped_chunks)
         if dropped_chunks:
             engine._decide.invalidate()
-            with engine._lock:
-                engine._counters["scrub_chunks_dropped"] += len(dropped_chunks)
+            engine._count(scrub_chunks_dropped=len(dropped_chunks))
 
     def _find_copy(self, key: bytes, layer: int, tier: str, specs: Mapping[bytes, ModelSpec]
                    ) -> tuple[str, Any] | None:
@@ -328,6 +343,7 @@ class Scrubber:
         ``tier`` (its code), or None."""
         from rkv.blockcodec import reencode
         from rkv.record import decode_record
+        from rkv.upkeep import rewrite_codec
 
         engine = self.engine
         ix = engine._index
@@ -349,12 +365,8 @@ class Scrubber:
                 engine._reads.verify_into(rec, key, layer, meta.fingerprint, spec,
                                           meta.n_tokens, None, -1, erased)
                 dec = decode_record(rec)
-                codec = engine._codecs.get(tier) if engine._placement is None else None
-                if engine._placement is not None:
-                    from rkv.blockcodec import header_stages
-
-                    codec = header_stages(dec.header)[1]
-                return name, reencode(rec, dec, codec, erased, written_ns=engine.clock())
+                return name, reencode(rec, dec, rewrite_codec(engine, tier, dec), erased,
+                                      written_ns=engine.clock())
             except IntegrityError:
                 continue
         return None
@@ -371,25 +383,6 @@ def tier_schedules(engine: Engine) -> dict[str, dict[str, Any]]:
         return dict(add_schedule(engine.stats(), target)["tiers"])
     except (ConfigError, ValueError, ArithmeticError):
         return {}
-
-
-def refresh_hours_for(engine: Engine, tier: str) -> float | None:
-    """The refresh age of ``tier`` from its schedule (None: unknown; inf: never)."""
-    s = tier_schedules(engine).get(tier)
-    if s is None:
-        return None
-    h = s.get("refresh_hours")
-    return math.inf if h is None else float(h)
-
-
-def interval_hours_for(engine: Engine, tiers: Iterable[str]) -> float | None:
-    """The shortest scrub interval of ``tiers``' schedules (None: none is known)."""
-    sch = tier_schedules(engine)
-    hours = [sch[t].get("scrub_hours") for t in tiers if t in sch]
-    finite = [float(h) for h in hours if h is not None and math.isfinite(float(h))]
-    if finite:
-        return min(finite)
-    return math.inf if hours else None
 
 
 def start_background(engine: Engine) -> BackgroundScrubber | None:
@@ -428,7 +421,7 @@ class BackgroundScrubber:
             scrubber = Scrubber(self.engine, self.config, stop=self.stop)
             hours = self.config.interval_hours
             if hours is None:
-                hours = interval_hours_for(self.engine, scrubber.tier_names)
+                hours = scrubber.interval_hours()
             if hours is not None and math.isfinite(hours):
                 scrubber.lead_hours = hours
             while not self.stop.is_set():

@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
 
 def cmd_scrub(args: argparse.Namespace) -> int:
     from rkv.engine import Engine
-    from rkv.scrub import Scrubber, ScrubConfig, interval_hours_for
+    from rkv.scrub import Scrubber, ScrubConfig
 
     stop = threading.Event()
     with Engine.open(args.path, create=False) as engine:
@@ -49,8 +49,7 @@ def cmd_scrub(args: argparse.Namespace) -> int:
         cfg = ScrubConfig(budget_mbps=args.budget, tiers=tiers, refresh_hours=refresh,
                           margin=args.margin, interval_hours=args.interval)
         scrubber = Scrubber(engine, cfg, stop=stop)
-        interval = args.interval or (None if args.once else
-                                     interval_hours_for(engine, scrubber.tier_names))
+        interval = args.interval or (None if args.once else scrubber.interval_hours())
         if not args.once and interval is not None and math.isfinite(interval):
             scrubber.lead_hours = interval     # refresh what would age past it before then
         worst = 0

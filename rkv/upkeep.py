@@ -252,6 +252,14 @@ def repair_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> int:
     return repaired
 
 
+def rewrite_codec(engine: Engine, tier: str, dec: Any) -> Any:
+    """The code a block rewritten into ``tier`` gets: the tier's ECC, or with placement
+    the code the record has (it was planned for this tier)."""
+    if engine._placement is None:
+        return engine._codecs[tier]
+    return header_stages(dec.header)[1]
+
+
 def rewrite_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> list[bool]:
     """Rewrite blocks from their stored record, in one transaction: verified, corrected and
     re-encoded (quantized values are kept, never re-quantized) with their tier's ECC, or
@@ -274,9 +282,8 @@ def rewrite_blocks(engine: Engine, items: list[tuple[bytes, int, str]]) -> list[
                 if record is None:
                     continue
                 dec = decode_record(record)
-                quant, codec = header_stages(dec.header)
-                if engine._placement is None:
-                    codec = engine._codecs[tier]
+                quant, _ = header_stages(dec.header)
+                codec = rewrite_codec(engine, tier, dec)
                 rec = reencode(record, dec, codec, erased, stamp)
             except IntegrityError:
                 continue  # no longer correctable (or unreadable): reads keep reporting it

@@ -144,7 +144,7 @@ class _Slot:
     events: list[Any]
     applied: int = 0
     born: float = 0.0
-    key: bytes = b""
+    chunk: bytes = b""             # the chunk's key (its one block: layer 0)
 
 
 class _Trial:
@@ -175,9 +175,12 @@ class _Trial:
         return [(start + i) % (1 << 31) for i in range(n)]
 
     def _key(self, slot: _Slot) -> bytes:
-        if not slot.key:
-            slot.key = self.h.keys(slot.tokens, self.spec)[0][0]
-        return slot.key
+        from rkv.keys import as_token_array, block_key, chunk_keys
+
+        if not slot.chunk:
+            slot.chunk = chunk_keys(as_token_array(slot.tokens), self.spec.fingerprint(),
+                                    self.h.chunk_tokens)[0]
+        return block_key(slot.chunk, 0)
 
     def _timeline(self, slot: _Slot) -> None:
         from rkv.faults.timeline import draw_timeline
@@ -245,7 +248,8 @@ class _Trial:
     def _written_ns(self, slot: _Slot) -> int | None:
         ix = self.engine._index
         with ix.env.read() as txn:
-            meta = ix.get_chunk(txn, chunk_key_of(self.h, slot, self.spec))
+            self._key(slot)
+            meta = ix.get_chunk(txn, slot.chunk)
         return None if meta is None else meta.written_at(0)
 
     # -- the run ----------------------------------------------------------------------------
@@ -291,12 +295,6 @@ class _Clean:
     empty = True
     lost = False
     erasures = ()
-
-
-def chunk_key_of(h: Any, slot: _Slot, spec: Any) -> bytes:
-    from rkv.keys import as_token_array, chunk_keys
-
-    return chunk_keys(as_token_array(slot.tokens), spec.fingerprint(), h.chunk_tokens)[0]
 
 
 def _refresh_hours(base: Any, h: Any, target: float) -> float:
