@@ -151,19 +151,25 @@ class PlanesCodec(Codec):
         return self._high.encoded_size(h + 2 * SUM) + self._low.encoded_size(lo)
 
     def data_size(self, encoded_n: int) -> int:
-        # encoded_size is strictly increasing (both sub-codes are), so a bisection finds the
-        # unique data length or proves there is none.
-        lo, hi = 0, max(0, encoded_n)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.encoded_size(mid) < encoded_n:
-                lo = mid + 1
-            else:
-                hi = mid
-        if self.encoded_size(lo) != encoded_n:
+        # A trailing partial value goes to the high plane, so the size is not monotonic
+        # across tails (a tail can open a new codeword there); for each tail it is strictly
+        # increasing in the whole values (both sub-codes are), so one bisection per tail
+        # finds its data length or proves there is none.
+        found = set()
+        for tail in range(self._w):
+            lo, hi = 0, max(0, encoded_n) // self._w + 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self.encoded_size(mid * self._w + tail) < encoded_n:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if self.encoded_size(lo * self._w + tail) == encoded_n:
+                found.add(lo * self._w + tail)
+        if len(found) != 1:
             raise CorruptRecordError(f"{self.spec}: {encoded_n} bytes is not a valid "
-                                     "encoded length")
-        return lo
+                                     "encoded length" + (" (ambiguous)" if found else ""))
+        return found.pop()
 
     def parts(self, data_bytes: int) -> tuple[Part, ...]:
         h, lo, _ = self._sizes(data_bytes)
