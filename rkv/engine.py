@@ -22,6 +22,7 @@ from rkv.batch import get_many, put_many
 from rkv.blockcodec import codec_for, quantizer_for
 from rkv.config import EngineConfig
 from rkv.decisions import Decisions
+from rkv.envconfig import apply_env
 from rkv.errors import (
     ConfigError,
     ReadOnlyStoreError,
@@ -137,7 +138,7 @@ class Engine:
                 stored_identity = index.meta_or_none(txn, "store") if exists else None
             if not exists and readonly:
                 raise StoreError(f"{root} is not an rkv store (empty index)")
-            config = config or EngineConfig()
+            config = config or apply_env(None) or EngineConfig()   # RKV_* settings
             identity = identify(root, stored_identity, exists, store_id_at)
             if identity.copied_from:
                 log.warning("%s is a copy of %s: it gets its own memory tiers (the original's "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rkv.config import EngineConfig, TierConfig
+from rkv.envconfig import apply_env
 from rkv.errors import ConfigError, CorruptStoreError, RkvError
 from rkv.index import Index
 
@@ -160,10 +161,12 @@ def resolve_config(index: Index, txn: Any, config: EngineConfig | None,
             raise CorruptStoreError(f"the stored config of {root} is damaged ({exc}); open "
                                     "it with an explicit config to rewrite it") from exc
         return config
+    if config is None:    # the stored config, with the environment's settings (RKV_*)
+        config = apply_env(stored_cfg)
+        if config is None or config is stored_cfg:
+            return config or EngineConfig()
     if stored_cfg is None:
-        return config or EngineConfig()
-    if config is None:
-        return stored_cfg
+        return config
     if config.chunk_tokens != stored_cfg.chunk_tokens:
         raise ConfigError(f"store {root} uses chunk_tokens={stored_cfg.chunk_tokens}; "
                           f"cannot reopen it with {config.chunk_tokens}")
