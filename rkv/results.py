@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rkv.errors import IntegrityError
+from rkv.ui.sizes import human_bytes  # re-exported: callers import it from here
+
+__all__ = ["CORRECTED", "DEGRADED", "MISSING", "OK", "UNCORRECTABLE", "BlockLog", "BlockStatus",
+           "GetResult", "PrefetchResult", "PutResult", "VerifyReport", "human_bytes"]
 
 #: Block outcomes reported by :meth:`Engine.get` and :meth:`Engine.verify`.
 OK, CORRECTED, UNCORRECTABLE, MISSING = "ok", "corrected", "uncorrectable", "missing"
@@ -172,12 +176,3 @@ class VerifyReport:
     def clean(self) -> bool:
         return (self.uncorrectable == 0 and self.missing == 0 and self.unreadable_chunks == 0
                 and not self.damaged_tiers and self.dropped == 0)
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)  # pragma: no cover
