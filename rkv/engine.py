@@ -139,6 +139,8 @@ class Engine:
             if not exists and readonly:
                 raise StoreError(f"{root} is not an rkv store (empty index)")
             config = config or apply_env(None) or EngineConfig()   # RKV_* settings
+            if config.index_sync:          # the stored config may ask for it too
+                index.env.force_sync = True
             identity = identify(root, stored_identity, exists, store_id_at)
             if identity.copied_from:
                 log.warning("%s is a copy of %s: it gets its own memory tiers (the original's "

@@ -121,6 +121,10 @@ class SharedEnv:
         self._lockfd: int | None = None
         self._held = 0           # nesting depth of exclusive() in the thread holding _wlock
         self._pages_ok_at: int | None = None
+        #: fsync every commit although the environment was opened without sync (an engine
+        #: learns its store's ``index_sync`` only after opening the index)
+        self.force_sync = False
+        self._opened_sync = sync
 
     def _open(self, map_size: int, n_dbs: int, sync: bool) -> Any:
         kw: dict[str, Any] = dict(map_size=map_size, max_dbs=n_dbs + 1, sync=sync, metasync=sync,
@@ -225,6 +229,8 @@ class SharedEnv:
                         tid = txn.id()
                         trusted = self._pages_ok_at == tid - 1
                         txn.commit()
+                        if self.force_sync and not self._opened_sync:
+                            self.env.sync(True)
                         if trusted:   # our own commit keeps a verified file verified
                             self._pages_ok_at = tid
                         return result

@@ -97,3 +97,18 @@ def test_engine_open_applies_the_environment(tmp_path: Path,
             "dram", path=str(tmp_path / "dram")).with_tier("cxl", path=str(tmp_path / "cxl"))
     ) as e:
         assert e.config.codec_threads == 0
+
+
+def test_stored_index_sync_is_honoured_on_reopen(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = EngineConfig(index_sync=False).with_tier("dram", path=str(tmp_path / "d")).with_tier(
+        "cxl", path=str(tmp_path / "c"))
+    with Engine.open(tmp_path / "s", cfg) as e:
+        assert e._index.env.force_sync is False
+    # RKV_INDEX_SYNC (or a stored index_sync) asks for it after the index is open.
+    monkeypatch.setenv("RKV_INDEX_SYNC", "true")
+    with Engine.open(tmp_path / "s") as e:
+        assert e.config.index_sync and e._index.env.force_sync
+    monkeypatch.delenv("RKV_INDEX_SYNC")
+    with Engine.open(tmp_path / "s") as e:   # stored now: still fsynced without the variable
+        assert e.config.index_sync and e._index.env.force_sync
