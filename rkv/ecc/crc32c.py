@@ -1,33 +1,34 @@
 """Detection-only codec ``crc32c``: the data followed by its CRC-32C (4 bytes, little-endian).
 
-Uses ``google_crc32c`` (hardware CRC32 instructions) when importable, otherwise a numba
-slicing-by-8 implementation (:mod:`rkv.ecc._crc32c_kernel`); both give the same value.
+The CRC comes from ``google_crc32c`` (a runtime dependency; SSE4.2 / ARMv8 CRC32 instructions).
+rkv used to carry a numba slicing-by-8 kernel as a fallback; it was 7-13x slower on every
+buffer of 4 KiB or more (``benchmarks/bench_crc32c.py``, ``docs/ecc.md``) and is gone. Where
+``google_crc32c`` could not build its C extension it falls back to pure Python and warns once;
+values are the same, only slower (:data:`IMPLEMENTATION` says which one runs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import google_crc32c
 
 from rkv.ecc._checksum import DigestCodec
-from rkv.ecc._crc32c_kernel import crc32c_numba
-from rkv.ecc.base import U8
+from rkv.ecc.base import U8, BytesLike, as_u8
 
-try:  # pragma: no cover - depends on the environment
-    import google_crc32c as _gcrc
+#: ``"c"`` (hardware or table-driven C) or ``"python"`` (google_crc32c's slow fallback).
+IMPLEMENTATION: str = google_crc32c.implementation
 
-    def _crc_google(data: U8) -> int:
-        return int(_gcrc.value(data))
-
-    _crc: Callable[[U8], int] = _crc_google
-    IMPLEMENTATION = f"google_crc32c ({_gcrc.implementation})"
-except ImportError:  # pragma: no cover
-    _crc = crc32c_numba
-    IMPLEMENTATION = "numba slicing-by-8"
+_value = google_crc32c.value
 
 
-def crc32c(data: U8) -> int:
-    """CRC-32C of a read-only uint8 array (see :func:`rkv.ecc.base.as_u8`)."""
-    return _crc(data)
+def crc32c(data: BytesLike) -> int:
+    """CRC-32C (Castagnoli; initial value ``~0``, final ``~crc``, as iSCSI and ext4) of
+    ``data``'s bytes. ``bytes`` and C-contiguous arrays go straight to the library; anything
+    else :func:`rkv.ecc.base.as_u8` accepts is viewed or copied first (its ``InputError`` for
+    what is not bytes-like)."""
+    try:
+        return int(_value(data))
+    except (TypeError, ValueError):  # bytearray, memoryview, strided arrays: y# refuses them
+        return int(_value(as_u8(data)))
 
 
 class Crc32cCodec(DigestCodec):
@@ -39,4 +40,4 @@ class Crc32cCodec(DigestCodec):
 
     @staticmethod
     def digest(data: U8) -> int:
-        return _crc(data)
+        return int(_value(data))
