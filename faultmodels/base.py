@@ -394,9 +394,14 @@ class FaultModel(ABC):
 
     def to_toml(self) -> str:
         """TOML text that `faultmodels.load` / `get_model` turn back into an equal model."""
-        from ._toml import dumps
+        import tomli_w
 
-        src = str(self.params().get("source", "")).strip()
+        params = self.params()
+        try:
+            body = tomli_w.dumps(params)
+        except TypeError as e:  # a parameter that is not a TOML value (a bug in a model)
+            raise FaultModelError(f"{self.name}: cannot write parameters to TOML: {e}") from e
+        src = str(params.get("source", "")).strip()
         head = [f"# rkv faultmodels: {self.name} model"]
         head.extend(f"# {line}" for line in src.splitlines() if line.strip())
-        return "\n".join(head) + "\n" + dumps(self.params())
+        return "\n".join(head) + "\n" + body
