@@ -444,9 +444,6 @@ class Index:
             except CorruptStoreError:
                 yield key, None
 
-    def count_chunks(self, txn: Any) -> int:
-        return 0 if self._chunks is None else int(txn.stat(self._chunks)["entries"])
-
     def clear(self, txn: Any) -> None:
         for db in (self._chunks, self._kids, self._lru, self._models):
             txn.drop(db, delete=False)

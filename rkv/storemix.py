@@ -10,7 +10,6 @@ that rewrote an entry) have none: their blocks count as ``unknown``.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -71,14 +70,6 @@ class Mix:
             out[mix_key(lab)] = {"bits": bits, "code": code, "blocks": blocks,
                                  "bytes": nbytes}
         return out
-
-
-def mix_of(metas: Iterable[ChunkMeta | None]) -> Mix:
-    mix = Mix()
-    for m in metas:
-        if m is not None:
-            mix.add(m)
-    return mix
 
 
 def mix_table(tiers: dict[str, dict[str, Any]]) -> str:

@@ -202,13 +202,3 @@ def _read(path: str | os.PathLike[str], parse: Callable[[Any], Request], limit: 
         if limit is not None and n >= limit:
             return
 
-
-def read_mooncake(path: str | os.PathLike[str], limit: int | None = None) -> Iterator[Request]:
-    """Requests of a Mooncake trace (timestamps converted from ms to seconds)."""
-    return read_trace(path, "mooncake", limit)
-
-
-def read_accesslog(path: str | os.PathLike[str], limit: int | None = None
-                   ) -> Iterator[Request]:
-    """Gets and puts of an rkv access log."""
-    return read_trace(path, "accesslog", limit)

@@ -83,10 +83,6 @@ class TiltPlan:
                    float(d.get("plant_share", 0.0)), tuple(int(a) for a in d.get("shard", ())),
                    float(d.get("shard_share", 0.0)), str(d.get("note", "")))
 
-    @property
-    def tilt_share(self) -> float:
-        return max(0.0, 1.0 - self.alpha - self.plant_share - self.shard_share)
-
 
 def _is_bit_class(c: EventClass, nbytes: int) -> bool:
     """Independent uniform bit errors over the whole buffer (raw BER, raw NAND): a binomial
