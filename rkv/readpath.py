@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rkv.blockcodec import read_block
+from rkv.blockcodec import BlockToRead, Verified, read_block, read_blocks
 from rkv.errors import (
     CorruptRecordError,
     CorruptStoreError,
@@ -26,7 +26,7 @@ from rkv.fastcheck import FastCheck
 from rkv.index import ChunkMeta, Index
 from rkv.keys import block_key
 from rkv.model import ModelSpec
-from rkv.record import decode_record
+from rkv.record import DecodedRecord, decode_record
 from rkv.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE, BlockLog, BlockStatus
 from rkv.tiers import Tier, TierReader
 from rkv.tiers.base import Erased, fetch
@@ -103,14 +103,16 @@ class ReadPath:
         if whole:
             log.chunks.append((ci, tiers))
         check = check or FastCheck(key, fp, spec, meta.n_tokens)
-        bad = False
+        statuses: list[BlockStatus] = []
+        deferred: list[tuple[int, str, int, BlockToRead]] = []
         for layer in layers:
             d = dest[layer]
             got: Any = None
             fetched: tuple[Any, Erased] | None = (None, ())
-            if tiers[layer] in self.tiers:
+            tier = tiers[layer]
+            if tier in self.tiers:
                 try:
-                    got = reader(tiers[layer]).get(block_key(key, layer))
+                    got = reader(tier).get(block_key(key, layer))
                     fetched = (got, ())
                 except MediumError as exc:
                     fetched = None if exc.data is None else (exc.data, exc.ranges)
@@ -118,13 +120,34 @@ class ReadPath:
                     fetched = None      # read_block reads again and reports it
                 if got is not None and check.copy(got, layer, meta.blocks[layer][1], d):
                     continue
-            st = self.read_block(reader, key, ci, layer, meta, fp, spec, d, fetched)
-            log.special[ci, layer] = st
+            if fetched is None or fetched[0] is None or tier not in self.tiers:
+                statuses.append(self.read_block(reader, key, ci, layer, meta, fp, spec, d,
+                                                fetched))
+                continue
+            # Checked here, decoded below with the chunk's other such blocks on the codec
+            # pool (ECC corrections and dequantizing are compute-bound).
+            try:
+                dec = self.decode(fetched[0], key, layer, fp, spec, meta.n_tokens,
+                                  meta.blocks[layer][1])
+            except MissingRecordError as exc:
+                statuses.append(BlockStatus(ci, layer, tier, MISSING, 0, exc))
+            except IntegrityError as exc:
+                statuses.append(BlockStatus(ci, layer, tier, UNCORRECTABLE, 0, exc))
+            else:
+                deferred.append((layer, tier, dec.header_repairs,
+                                 BlockToRead(dec, d, fetched[1])))
+        if deferred:
+            outcomes = read_blocks([b for *_, b in deferred])
+            for (layer, tier, repairs, _), v in zip(deferred, outcomes, strict=True):
+                statuses.append(_status(ci, layer, tier, repairs, v))
+        bad = False
+        for st in sorted(statuses, key=lambda st: st.layer):
+            log.special[ci, st.layer] = st
             if st.status in (UNCORRECTABLE, MISSING):
-                bad = True
-                if strict:
+                if strict and not bad:
                     assert st.error is not None
                     raise st.error
+                bad = True
         return bad
 
     def check_block(self, key: bytes, layer: int, meta: ChunkMeta, spec: ModelSpec
@@ -181,17 +204,13 @@ class ReadPath:
         return BlockStatus(ci, layer, tier, OK)
 
     @staticmethod
-    def verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
-                     n_tokens: int, dest: np.ndarray | None, size: int = -1,
-                     erased: tuple[tuple[int, int], ...] = ()) -> tuple[int, int, int]:
-        """Check one record and copy its data into ``dest`` (inside the reader's snapshot).
+    def decode(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec, n_tokens: int,
+               size: int = -1) -> DecodedRecord:
+        """A record's header voted and checked against what the read expects.
 
         ``size`` is the record's length as the index knows it: a longer zero-copy view comes
         from a damaged database page and is not touched at all (its bytes may lie past the end
-        of the file); a shorter one is decoded and reported as what it is. ``erased`` are the
-        byte ranges the medium reported unreadable (decoded as erasures). Returns (header
-        copies repaired, symbols or bits the ECC corrected, values degraded).
-        """
+        of the file); a shorter one is decoded and reported as what it is."""
         if size >= 0 and memoryview(rec).nbytes > size:
             raise CorruptRecordError(f"record is {memoryview(rec).nbytes} bytes, the index "
                                      f"says {size}")
@@ -202,5 +221,33 @@ class ReadPath:
                 f"record holds {h.dtype}{list(h.shape)}, expected "
                 f"{spec.dtype}{list(spec.block_shape(n_tokens))}"
             )
+        return dec
+
+    @staticmethod
+    def verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
+                     n_tokens: int, dest: np.ndarray | None, size: int = -1,
+                     erased: tuple[tuple[int, int], ...] = ()) -> tuple[int, int, int]:
+        """Check one record and copy its data into ``dest`` (inside the reader's snapshot).
+
+        ``size``: as in :meth:`decode`. ``erased`` are the byte ranges the medium reported
+        unreadable (decoded as erasures). Returns (header copies repaired, symbols or bits
+        the ECC corrected, values degraded).
+        """
+        dec = ReadPath.decode(rec, key, layer, fp, spec, n_tokens, size)
         v = read_block(dec, dest, erased)
         return dec.header_repairs, v.corrected, v.degraded
+
+
+def _status(ci: int, layer: int, tier: str, repairs: int,
+            v: Verified | IntegrityError) -> BlockStatus:
+    """A block's status from its :func:`read_blocks` outcome, as :meth:`ReadPath.read_block`
+    reports it."""
+    if isinstance(v, MissingRecordError):
+        return BlockStatus(ci, layer, tier, MISSING, 0, v)
+    if isinstance(v, IntegrityError):
+        return BlockStatus(ci, layer, tier, UNCORRECTABLE, 0, v)
+    if v.degraded:      # not rewritten: that would make its noise look verified
+        return BlockStatus(ci, layer, tier, DEGRADED, v.corrected, None, repairs)
+    if repairs or v.corrected:
+        return BlockStatus(ci, layer, tier, CORRECTED, v.corrected, None, repairs)
+    return BlockStatus(ci, layer, tier, OK)
