@@ -15,7 +15,8 @@ decode with corrections (each encoded block hit at a byte error rate of 1e-4);
 shardrs(k=16,m=2) encode; the end-to-end checksum (xxh3_128); records encoded as a put should
 encode them (``encode_blocks`` with a ``RecordArena``); verified gets as the engine should run
 them (the fast check of clean raw records, the header vote, ``read_blocks``: clean blocks on
-the calling thread, decoding on the pool), and with threads forced for comparison.
+the calling thread, decoding on the pool), and with threads forced for comparison; whole
+``Engine.get`` calls of a 4-bit KIVI prefix and of a damaged RS(255,239) prefix.
 
 The machine is shared: each row records the share of the cores that other processes used
 while it ran (all CPU time in /proc/stat less this process's own); ``--wait-idle`` waits for
@@ -28,12 +29,15 @@ that rows measure the codecs rather than page faults on fresh memory.
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -46,7 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rkv import parallel
+from rkv import Engine, EngineConfig, TierConfig, parallel
 from rkv.blockcodec import (
     BlockToEncode,
     BlockToRead,
@@ -200,6 +204,43 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
     }
 
 
+def engine_stages(mib: int, tmp: Path) -> dict[str, tuple[Callable[[], Any], int]]:
+    """Whole ``Engine.get`` calls of a ``mib`` prefix (30 layers, 256-token chunks) from one
+    memory tier whose blocks need computing on every read: 4-bit KIVI (dequantizing), and
+    RS(255,239) records hit at a byte error rate of 1e-4 (corrections; ``repair`` off, so
+    every get decodes them again)."""
+    spec = ModelSpec("bench/threads", n_layers=CHUNK_BLOCKS, n_kv_heads=SHAPE[2],
+                     head_dim=SHAPE[3], dtype="float16")
+    chunk_bytes = CHUNK_BLOCKS * int(np.prod(SHAPE)) * 2
+    n_tokens = max(1, (mib << 20) // chunk_bytes) * SHAPE[1]
+    rng = np.random.default_rng(2)
+    kv = rng.standard_normal((CHUNK_BLOCKS, 2, n_tokens, SHAPE[2], SHAPE[3])).astype(
+        np.float16)
+    toks = [int(t) for t in rng.integers(0, 30000, n_tokens)]
+    out: dict[str, tuple[Callable[[], Any], int]] = {}
+    for name, ecc, quant, ber in (("kivi(bits=4)", "none", "kivi(bits=4)", 0.0),
+                                  ("rs(255,239), BER 1e-4", "rs(255,239)", "none", 1e-4)):
+        root = tmp / name.split(",")[0].replace("(", "").replace(")", "").replace("=", "")
+        tier = TierConfig("mem", medium="memory", path=str(root / "mem"),
+                          capacity_bytes=8 << 30, ecc=ecc, quant=quant)
+        e = Engine.open(root / "s", EngineConfig(chunk_tokens=SHAPE[1], tiers=(tier,),
+                                                 repair=False, promote="never"))
+        e.put(toks, kv, model=spec)
+        if ber:
+            t = e.tiers["mem"]
+            for k in list(t.iter_keys()):
+                if len(k) == 34:          # block keys (the tier also keeps its id)
+                    t.put(k, damage(t.get(k) or b"", ber, rng))
+        buf = np.empty_like(kv)
+
+        def get(e: Engine = e, buf: np.ndarray = buf) -> None:
+            got = e.get(toks, model=spec, out=buf)
+            assert got.n_tokens == n_tokens, got.counts
+
+        out[f"engine get: {name} prefix (Engine.get, out=)"] = (get, kv.nbytes)
+    return out
+
+
 @numba.njit(nogil=True, cache=True)
 def _spin_kernel(n: int) -> int:
     s = 0
@@ -316,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     kept = False if args.malloc_default else keep_freed_memory()
     n = args.threads or parallel.available_cpus()
     data = blocks(args.mib)
-    todo = {k: v for k, v in stages(data).items() if args.only in k}
+    tmp = Path(tempfile.mkdtemp(prefix="rkv-bench-threads-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    every = {**stages(data), **engine_stages(args.mib, tmp)}
+    todo = {k: v for k, v in every.items() if args.only in k}
     for fn, _ in todo.values():       # compile and warm every stage in both modes
         measure(fn, n, 1)
     load0 = os.getloadavg()
