@@ -24,6 +24,7 @@ from rkv.index import ChunkMeta
 from rkv.keys import chunk_bounds
 from rkv.model import ModelSpec, as_model_spec
 from rkv.readpath import Readers
+from rkv.remote_share import announce
 from rkv.results import CORRECTED, UNCORRECTABLE, BlockLog, BlockStatus, GetResult, PutResult
 from rkv.tensors import as_kv_array, numpy_dtype, to_output
 from rkv.txn import Pending
@@ -50,6 +51,7 @@ def put_many(engine: Engine, items: Sequence[tuple[Any, Any]], model: ModelSpec 
         _, fp, toks, keys = engine._prepare(tokens, spec)
         prepared.append((fp, toks, keys, as_kv_array(kv, spec, len(toks))))
     over = put_targets(engine, placement)
+    engine._share.probe([(keys, len(toks)) for _, toks, keys, _ in prepared], spec)
     for fp, toks, keys, _ in prepared:
         if engine._log is not None:
             engine._log.record("put", fp, keys, len(toks))
@@ -74,7 +76,9 @@ def put_many(engine: Engine, items: Sequence[tuple[Any, Any]], model: ModelSpec 
             plans.append((i, PutPlan(keys, bounds, spec, fp, arr, len(toks), over)))
     if plans:
         def write_all(txn: Any, pending: Pending) -> list[PutResult]:
-            return [write_chunks(engine, plan, txn, pending) for _, plan in plans]
+            out = [write_chunks(engine, plan, txn, pending) for _, plan in plans]
+            engine._share.write_through(pending, [plan.keys for _, plan in plans])
+            return out
 
         for (i, plan), res in zip(plans, engine._mutate(write_all), strict=True):
             results[i] = res
@@ -130,6 +134,7 @@ def plan_gets(engine: Engine, requests: Sequence[Any], spec: ModelSpec,
         if engine._log is not None:
             engine._log.record("get", fp, keys, len(toks))
         engine._decide.release(keys)      # the request ran: its prefetch hold is over
+    engine._share.probe([(keys, len(toks)) for _, _, toks, keys in prepared], spec)
     gets = []
     with engine._index.env.read() as txn:
         for i, (_, _, toks, keys) in enumerate(prepared):
@@ -156,6 +161,7 @@ def get_many(engine: Engine, requests: Sequence[Any], model: ModelSpec | dict[st
     try:
         with ExitStack() as stack:
             readers = Readers(engine._tiers, stack)
+            announce(engine, readers, [(g.keys, g.metas) for g in gets])
             for g in gets:
                 g.log, g.done = engine._reads.read_chunks(g.keys, g.metas, fp, spec, g.out,
                                                           strict, readers)
@@ -181,6 +187,7 @@ def finish_reads(engine: Engine, reads: list[tuple[list[bytes], list[ChunkMeta],
                                                      BlockLog]]) -> None:
     """After reads (keys, index entries, tokens verified, block log each): rewrite corrected
     blocks (one mutation), record access times, tell the promotions, count."""
+    engine._share.forget_failed(reads)
     if engine.config.repair and not engine.readonly:
         fixes = [(keys[st.chunk], st.layer, st.tier) for keys, _, _, log in reads
                  for st in (*log.special.values(), *log.extra) if st.status == CORRECTED]

@@ -74,6 +74,12 @@ class TierConfig:
     ``reads``: ``"mmap"`` reads records zero-copy through the map; ``"pread"`` copies them out
     of the file, so a lost page (poisoned memory, a truncated file) fails the read with its
     range (decoded as an erasure) instead of killing the process with SIGBUS.
+    ``kind``: ``"lmdb"`` (a local LMDB environment) or ``"redis"``: a remote tier on a Redis
+    server at ``url`` (``redis://host:port/db``, ``rediss://`` for TLS), shared by the nodes
+    that use the same ``remote.namespace``; the ``remote`` table holds its connection, TLS,
+    credential (``"env:VAR"`` or ``"file:PATH"``, never the secret itself) and MAC settings
+    (docs/remote.md). ``medium``, ``path``, ``sync``, ``map_bytes`` and ``reads`` apply to
+    LMDB tiers only.
     """
 
     name: str
@@ -90,10 +96,22 @@ class TierConfig:
     map_bytes: int = 0
     policy: str = "prefix"
     reads: str = "mmap"
+    kind: str = "lmdb"
+    url: str = ""
+    remote: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ConfigError(f"tier name must be an identifier-like string, got {self.name!r}")
+        if self.kind not in ("lmdb", "redis"):
+            raise ConfigError(f"tier {self.name}: kind must be 'lmdb' or 'redis', got "
+                              f"{self.kind!r}")
+        if self.kind == "lmdb" and (self.url or self.remote):
+            raise ConfigError(f"tier {self.name}: url and remote apply to kind = 'redis' only")
+        try:
+            self.remote_settings()
+        except ConfigError as exc:
+            raise ConfigError(f"tier {self.name}: {exc}") from exc
         if self.medium not in ("memory", "disk"):
             raise ConfigError(f"tier {self.name}: medium must be 'memory' or 'disk'")
         if not isinstance(self.path, str):
@@ -141,6 +159,14 @@ class TierConfig:
                     Pipeline.parse(self.quant, self.ecc)
                 except ConfigError as exc:
                     raise ConfigError(f"tier {self.name}: {exc}") from exc
+
+    def remote_settings(self) -> Any:
+        """The remote tier's validated settings (RemoteSettings), None for an LMDB tier."""
+        if self.kind != "redis":
+            return None
+        from rkv.tiers.remote_config import RemoteSettings
+
+        return RemoteSettings.from_dict(self.url, self.remote)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

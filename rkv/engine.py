@@ -35,6 +35,7 @@ from rkv.keys import as_token_array, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
 from rkv.promotion import Promotions
 from rkv.readpath import ReadPath
+from rkv.remote_share import RemoteShare
 from rkv.results import (
     CORRECTED,
     MISSING,
@@ -105,6 +106,8 @@ class Engine:
         #: Record arenas of the puts' encode batches (rkv.writepath.EncodeBatch).
         self._arenas: dict[str, Any] = {}
         self._promotions = Promotions(self)
+        #: Probes shared remote tiers on local index misses (rkv.remote_share).
+        self._share = RemoteShare(self)
 
     # -- opening and closing ------------------------------------------------------------------
     @classmethod
@@ -147,7 +150,8 @@ class Engine:
                             "memory-tier chunks are not shared)", root, identity.copied_from)
             tiers: dict[str, Tier] = {}
             for t in config.tiers:
-                spec = TierSpec(t.name, t.capacity_bytes, t.map_bytes, t.sync, t.reads)
+                spec = TierSpec(t.name, t.capacity_bytes, t.map_bytes, t.sync, t.reads,
+                                t.remote_settings())
                 tiers[t.name] = open_tier(spec, resolve_tier_path(root, t, identity.id),
                                            readonly)
                 cleanup.callback(tiers[t.name].close)
@@ -293,7 +297,8 @@ class Engine:
     # -- the read path ------------------------------------------------------------------------
     def lookup(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
         """Length in tokens of the longest stored prefix of ``tokens`` (not yet verified)."""
-        _, _, _, keys = self._prepare(tokens, model)
+        spec, _, toks, keys = self._prepare(tokens, model)
+        self._share.probe([(keys, len(toks))], spec)
         with self._index.env.read() as txn:
             metas, _ = self._reads.stored(txn, keys)
         with self._lock:

@@ -74,6 +74,18 @@ class MissingRecordError(IntegrityError):
     """The index refers to a record that its tier does not hold."""
 
 
+class TierUnavailableError(MissingRecordError):
+    """A tier's storage cannot be reached now (a remote server down, refusing or timing out).
+    Its records read as missing (a cache miss) until it answers again; a write to it fails
+    with this error."""
+
+
+class AuthenticationError(CorruptRecordError):
+    """A record from an authenticated tier has no valid MAC: forged, sealed with an unknown
+    or another key, stored under another block key, truncated or corrupted. It is rejected,
+    never returned."""
+
+
 class MediumError(IntegrityError):
     """The medium failed a read and said where: a file read returned EIO for some sectors, a
     memory read hit poisoned lines (a machine-check report), or the file ends before the
@@ -98,6 +110,7 @@ class CorruptStoreError(IntegrityError):
 
 
 __all__ = [
+    "AuthenticationError",
     "ChecksumError",
     "ConfigError",
     "CorruptRecordError",
@@ -113,6 +126,7 @@ __all__ = [
     "StoreClosedError",
     "StoreError",
     "TierFullError",
+    "TierUnavailableError",
     "TruncatedRecordError",
     "UncorrectableError",
     "UnknownFormatError",

@@ -403,3 +403,29 @@ def decode_record(
         raise RecordMismatchError("record was written for another model fingerprint")
     return DecodedRecord(header, view[start:start + header.payload_len], repairs, start)
 
+
+
+def peek_header(prefix: Any) -> tuple[RecordHeader, int]:
+    """The header of a record from its first bytes (the two leading preludes and a leading
+    header copy that verifies against one) and the record's whole length. For probing a
+    remote record's identity without reading it; a read decodes and verifies it all."""
+    view = memoryview(prefix).cast("B")
+    if view.nbytes < 2 * PRELUDE_BYTES:
+        raise TruncatedRecordError("record is shorter than its preludes")
+    p0, p1 = bytes(view[:PRELUDE_BYTES]), bytes(view[PRELUDE_BYTES:2 * PRELUDE_BYTES])
+    for pre in dict.fromkeys((p0, p1)):
+        if pre[:4] != MAGIC:
+            continue
+        if pre[4] not in READ_VERSIONS or pre[5] != 0:
+            raise UnknownFormatError(f"record format version {pre[4]} flags {pre[5]:#x} are "
+                                     "not supported")
+        hlen = int.from_bytes(pre[6:8], "little")
+        if hlen <= HEADER_CHECK_BYTES:
+            continue
+        lead = LEAD_COPIES * PRELUDE_BYTES
+        for start in (lead, lead + hlen):
+            copy = bytes(view[start:start + hlen])
+            if len(copy) == hlen and _header_copy(pre, copy[:-HEADER_CHECK_BYTES]) == copy:
+                header = RecordHeader.from_bytes(copy[:-HEADER_CHECK_BYTES], pre[4])
+                return header, payload_offset(hlen) + header.payload_len + hlen + PRELUDE_BYTES
+    raise CorruptRecordError("no verified record header in the record's first bytes")

@@ -172,6 +172,8 @@ def verify(engine: Engine, progress: Callable[[int, int], None] | None,
     orphans = 0
     with ix.env.read() as txn:
         for name, t in engine._tiers.items():
+            if t.shared:      # other stores' records live there too: none is an orphan
+                continue
             try:
                 orphans += sum(1 for k in t.iter_keys() if _is_orphan(ix, txn, name, k))
             except RkvError as exc:
@@ -229,7 +231,7 @@ def _reclaim(engine: Engine, txn: Any, pending: Pending) -> tuple[int, bool]:
     ix = engine._index
     reclaimed = 0
     for name, tier in engine._tiers.items():
-        if tier.state == "damaged":
+        if tier.state == "damaged" or tier.shared:
             continue
         try:
             for k in tier.iter_keys():

@@ -71,6 +71,12 @@ class _FaultyReader:
         if rec is None or key in self._owner.lost:
             return None
         owner = self._owner
+        cut = owner.partial.pop(key, None)
+        if cut is not None:            # a value cut short on the wire
+            owner.log.append(Injection(key, memoryview(rec).nbytes, np.zeros(0, np.int64),
+                                       ((cut, memoryview(rec).nbytes - cut, "partial"),),
+                                       False, True))
+            return memoryview(rec)[:cut]
         transient = owner.next_transient(key, memoryview(rec).nbytes)
         erased = owner.erased.get(key, ())
         if transient is None and not erased:
@@ -110,6 +116,9 @@ class FaultyTier(Tier):
         self.erased: dict[bytes, tuple[tuple[int, int], ...]] = {}
         self.report_erasures = report_erasures
         self.log: list[Injection] = []
+        self.shared = inner.shared
+        #: Records whose next read returns only their first bytes (a partial read).
+        self.partial: dict[bytes, int] = {}
 
     # -- injection ----------------------------------------------------------------------------
     def inject(self, key: bytes, pattern: Any) -> Injection:
@@ -133,6 +142,11 @@ class FaultyTier(Tier):
     def inject_transient(self, key: bytes, pattern: Any) -> None:
         """Corrupt the next read of ``key`` only (a link error); the store is unchanged."""
         self._one_shot[key] = pattern
+
+    def inject_partial(self, key: bytes, nbytes: int) -> None:
+        """The next read of ``key`` returns only its first ``nbytes`` (a value cut short on
+        the wire, as a dropped connection or a short read would); the store is unchanged."""
+        self.partial[key] = int(nbytes)
 
     def next_transient(self, key: bytes, nbytes: int) -> Any:
         pattern = self._one_shot.pop(key, None)

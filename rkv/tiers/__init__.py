@@ -13,7 +13,12 @@ __all__ = ["LmdbTier", "Tier", "TierReader", "TierSpec", "UnavailableTier", "ope
 
 def open_tier(t: TierSpec, path: Path, readonly: bool) -> Tier:
     """The tier's LMDB environment, or a stand-in that fails its reads when it cannot be
-    opened (damaged, or missing in a read-only open)."""
+    opened (damaged, or missing in a read-only open); a remote tier when ``t.remote`` holds
+    its settings."""
+    if t.remote is not None:
+        from rkv.tiers.redis_tier import RedisTier  # (imports redis only when used)
+
+        return RedisTier(t, t.remote)
     try:
         return LmdbTier(t, path, readonly=readonly)
     except CorruptStoreError as exc:

@@ -25,6 +25,8 @@ class TierSpec:
     map_bytes: int = 0            # the LMDB map (0: sized from the capacity)
     sync: bool = False            # fsync every commit
     reads: str = "mmap"           # "pread": copy records out of the file (SIGBUS-safe)
+    #: A remote tier's settings (rkv.tiers.remote_config.RemoteSettings); None: LMDB.
+    remote: Any = None
 
 
 class TierReader(Protocol):
@@ -58,6 +60,9 @@ class Tier(ABC):
     state: str = "ok"
     #: Why the tier is damaged, when it is.
     damage: str | None = None
+    #: Other stores read and write this tier's records too (a shared remote tier): its
+    #: records are never deleted as this store's orphans.
+    shared: bool = False
 
     @property
     def name(self) -> str:

@@ -1,0 +1,103 @@
+"""Authenticated records: a keyed blake2b MAC around a record, for tiers other nodes write.
+
+An authenticated tier stores each record in an envelope (docs/format.md, "Authenticated
+records")::
+
+    offset   size  field
+    0        4     magic b"RKVA"
+    4        1     envelope version, 1
+    5        1     MAC algorithm, 1 = keyed blake2b-256 (person "rkv-mac-v1")
+    6        1     n: length of the key id (1 to 32)
+    7        1     reserved, 0
+    8        n     key id (ASCII)
+    8 + n    32    MAC
+    40 + n   ...   the record, as any tier stores it (record.py)
+
+The MAC covers the envelope's head (magic to key id), the block key the value is stored under
+(its length as one byte, then its bytes) and the whole record. So a record sealed under one
+block key fails under another, and without a key a writer cannot make a value that verifies:
+a forged, re-keyed, moved, truncated or corrupted value is an :class:`AuthenticationError`.
+Several keys may verify (rotation: the key id picks one), one seals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from typing import Any
+
+from rkv.errors import AuthenticationError, ConfigError
+
+MAGIC = b"RKVA"
+VERSION = 1
+ALG_BLAKE2B = 1
+MAC_BYTES = 32
+PERSON = b"rkv-mac-v1"
+
+
+class MacKeys:
+    """The keys of one authenticated tier: ``keys`` (id -> key bytes) verify, ``write_id``
+    seals. The keys themselves are never shown (repr, errors, stats show ids)."""
+
+    def __init__(self, keys: Mapping[str, bytes], write_id: str) -> None:
+        if write_id not in keys:
+            raise ConfigError(f"MAC key {write_id!r} is not among the configured keys")
+        for kid in keys:
+            if not 1 <= len(kid.encode("ascii")) <= 32:
+                raise ConfigError(f"MAC key id {kid!r} must be 1 to 32 ASCII characters")
+        self._keys = {kid.encode("ascii"): bytes(k) for kid, k in keys.items()}
+        self.write_id = write_id
+        wid = write_id.encode("ascii")
+        self._head = MAGIC + bytes([VERSION, ALG_BLAKE2B, len(wid), 0]) + wid
+        self._write_key = self._keys[wid]
+
+    @property
+    def ids(self) -> list[str]:
+        return sorted(k.decode("ascii") for k in self._keys)
+
+    def __repr__(self) -> str:
+        return f"MacKeys(ids={self.ids}, write_id={self.write_id!r})"
+
+    @staticmethod
+    def _mac(key: bytes, head: bytes, block_key: bytes, record: Any) -> bytes:
+        h = hashlib.blake2b(key=key, digest_size=MAC_BYTES, person=PERSON)
+        h.update(head)
+        h.update(bytes([len(block_key)]) + block_key)
+        h.update(record)
+        return h.digest()
+
+    def seal(self, block_key: bytes, record: Any) -> bytes:
+        """The envelope of ``record`` (bytes-like) stored under ``block_key``."""
+        view = memoryview(record).cast("B")
+        mac = self._mac(self._write_key, self._head, block_key, view)
+        return b"".join((self._head, mac, view))
+
+    def open(self, block_key: bytes, value: Any) -> memoryview:
+        """The record inside ``value`` once its MAC verifies (a view into ``value``);
+        anything else is an :class:`AuthenticationError`."""
+        view = memoryview(value).cast("B")
+        where = f"record {block_key.hex()[:16]}"
+        if view.nbytes < 8 or bytes(view[:4]) != MAGIC:
+            raise AuthenticationError(f"{where} is not sealed (no MAC envelope): rejected")
+        if view[4] != VERSION or view[5] != ALG_BLAKE2B or view[7] != 0:
+            raise AuthenticationError(f"{where}: unknown MAC envelope {bytes(view[4:8]).hex()}")
+        n = view[6]
+        start = 8 + n + MAC_BYTES
+        if not 1 <= n <= 32 or view.nbytes < start:
+            raise AuthenticationError(f"{where}: MAC envelope is truncated")
+        kid = bytes(view[8:8 + n])
+        key = self._keys.get(kid)
+        if key is None:
+            raise AuthenticationError(
+                f"{where} is sealed with key id {kid.decode('ascii', 'replace')!r}, which "
+                "this tier does not accept")
+        want = self._mac(key, bytes(view[:8 + n]), block_key, view[start:])
+        if not hmac.compare_digest(want, bytes(view[8 + n:start])):
+            raise AuthenticationError(f"{where} failed its MAC (forged, moved from another "
+                                      "key, truncated or corrupted): rejected")
+        return view[start:]
+
+    @staticmethod
+    def overhead(key_id: str) -> int:
+        return 8 + len(key_id.encode("ascii")) + MAC_BYTES

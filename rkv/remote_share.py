@@ -1,0 +1,305 @@
+"""Sharing prefixes through a shared remote tier: probe on a local index miss, adopt, forget.
+
+Chunk keys are content-addressed (a key is the hash of the whole prefix and the model), so
+nodes need no shared index: when the local index stops before a request does, the engine
+asks each shared remote tier for the next chunks' block keys (:meth:`RemoteShare.probe`).
+
+* **Probe**: one round trip asks for the length of layer 0 of every missing chunk; for the
+  chunks present, a second reads the first bytes of every layer (the record's preludes and
+  a header copy, after the MAC envelope on an authenticated tier). A chunk is adopted when
+  every layer is there and its header verifies and says what the key asks for: the chunk
+  key, the layer, the model fingerprint, the shape of that chunk's tokens, and the length
+  of the value. Adoption stops at the first chunk that fails.
+* **Adopt**: the chunks found are written to the local index as blocks of the remote tier
+  (one mutation); nothing is copied. The get that follows reads them through the normal
+  read path, which verifies every record in full (MAC, header vote, checksum, ECC).
+* **Forget**: a chunk whose block in a shared tier then reads as missing (evicted or
+  expired on the server, or a server that lost its data) or fails verification is removed
+  from the local index after the read (its local blocks with it; nothing is deleted on
+  the server), so a later put stores it again and a later probe can find it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from policies.base import Reason
+from rkv.decisions import free_chunk
+from rkv.errors import RkvError, TierUnavailableError
+from rkv.index import ChunkMeta
+from rkv.keys import KEY_BYTES, block_key, chunk_bounds
+from rkv.model import ModelSpec
+from rkv.record import peek_header
+from rkv.record_mac import MAC_BYTES
+from rkv.results import MISSING, UNCORRECTABLE, BlockLog
+from rkv.tiers.base import Tier
+from rkv.txn import Pending
+
+log = logging.getLogger("rkv")
+
+if TYPE_CHECKING:
+    from rkv.engine import Engine
+    from rkv.tiers.redis_tier import RedisTier
+
+#: Bytes read from the front of each value by a probe: MAC envelope, two preludes and a
+#: header copy with a codec list (a raw record's header copy is 127 bytes).
+PROBE_BYTES = 1024
+
+
+def remote_of(tier: Tier) -> RedisTier | None:
+    """The Redis tier under ``tier`` and its wrappers (None: not a remote tier)."""
+    from rkv.tiers.redis_tier import RedisTier
+
+    while not isinstance(tier, RedisTier):
+        inner = getattr(tier, "inner", None)
+        if not isinstance(inner, Tier):
+            return None
+        tier = inner
+    return tier
+
+
+class RemoteShare:
+    """The probe, adoption and forgetting of one engine (see the module docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.names = [t.name for t in engine.config.tiers
+                      if t.kind == "redis" and t.remote_settings().shared]
+        #: Chunks whose shared record failed verification here: not adopted again until
+        #: this engine stores them itself (so a put rewrites them instead of deduplicating).
+        self.bad: set[bytes] = set()
+
+    def _tiers(self) -> list[tuple[str, RedisTier]]:
+        out = []
+        for name in self.names:
+            tier = remote_of(self.engine._tiers[name])
+            if tier is not None and tier.state != "damaged":
+                out.append((name, tier))
+        return out
+
+    # -- probe and adopt --------------------------------------------------------------------
+    def probe(self, requests: Sequence[tuple[list[bytes], int]], spec: ModelSpec) -> int:
+        """Adopt the chunks of ``requests`` (chunk keys, tokens) that the local index lacks
+        and a shared remote tier holds; returns the chunks adopted. A tier that cannot be
+        reached is skipped (its chunks stay unknown: a miss)."""
+        engine = self.engine
+        if not self.names or engine.readonly:
+            return 0
+        ix = engine._index
+        todo: list[tuple[list[bytes], int, int]] = []     # keys, first missing, tokens
+        with ix.env.read() as txn:
+            for keys, n_tokens in requests:
+                metas, damaged = engine._reads.stored(txn, keys)
+                if damaged is None and len(metas) < len(keys):
+                    todo.append((keys, len(metas), n_tokens))
+        if not todo:
+            return 0
+        fp = spec.fingerprint()
+        found: list[tuple[list[bytes], int, list[ChunkMeta]]] = []
+        for name, tier in self._tiers():
+            try:
+                found += self._look(name, tier, todo, spec, fp)
+            except (TierUnavailableError, RkvError):
+                continue
+            break
+        engine._count(remote_probes=1)
+        if not any(metas for _, _, metas in found):
+            return 0
+        adopted = int(engine._mutate(lambda txn, pending: self._adopt(txn, found, spec)))
+        engine._count(remote_adopted=adopted)
+        return adopted
+
+    def _look(self, name: str, tier: RedisTier, todo: list[tuple[list[bytes], int, int]],
+              spec: ModelSpec, fp: bytes) -> list[tuple[list[bytes], int, list[ChunkMeta]]]:
+        """Per request: the index entries of the chunks ``tier`` holds after its local
+        prefix, each verified by its headers (see the module docstring)."""
+        chunk_tokens = self.engine.config.chunk_tokens
+        wanted = list(dict.fromkeys(k for keys, i, _ in todo for k in keys[i:]))
+        lens = tier._call(lambda c: _pipe(c, [("strlen", tier.key(block_key(k, 0)))
+                                              for k in wanted]))
+        present = {k for k, n in zip(wanted, lens, strict=True) if n}
+        heads: dict[bytes, list[tuple[bytes, int]]] = {}
+        first = [k for k in wanted if k in present]
+        if first:
+            L = spec.n_layers
+            cmds: list[tuple[str, bytes]] = []
+            for k in first:
+                for layer in range(L):
+                    bk = tier.key(block_key(k, layer))
+                    cmds += [("getrange", bk), ("strlen", bk)]
+            got = tier._call(lambda c: _pipe(c, cmds))
+            for j, k in enumerate(first):
+                part = got[2 * L * j:2 * L * (j + 1)]
+                heads[k] = [(part[2 * i], int(part[2 * i + 1])) for i in range(L)]
+        now = time.time_ns()
+        out = []
+        for keys, start, n_tokens in todo:
+            bounds = chunk_bounds(n_tokens, chunk_tokens)
+            metas: list[ChunkMeta] = []
+            for i in range(start, len(keys)):
+                meta = self._entry(tier, name, keys, i, bounds[i], heads.get(keys[i]), spec,
+                                   fp, now)
+                if meta is None:
+                    break
+                metas.append(meta)
+            out.append((keys, start, metas))
+        return out
+
+    def _entry(self, tier: RedisTier, name: str, keys: list[bytes], i: int,
+               bound: tuple[int, int], heads: list[tuple[bytes, int]] | None,
+               spec: ModelSpec, fp: bytes, now: int) -> ChunkMeta | None:
+        """The index entry of chunk ``i`` from its layers' first bytes (None: not usable)."""
+        if heads is None or keys[i] in self.bad:
+            return None
+        n = bound[1] - bound[0]
+        blocks, written = [], []
+        for layer, (head, total) in enumerate(heads):
+            if not total:
+                return None
+            try:
+                skip = _envelope(head) if tier.macs is not None else 0
+                header, size = peek_header(head[skip:])
+            except RkvError:
+                return None
+            if (header.key != keys[i] or header.layer != layer or header.fingerprint != fp
+                    or header.shape != spec.block_shape(n) or header.dtype != spec.dtype
+                    or size + skip != total):
+                return None
+            blocks.append((name, size))
+            written.append(header.written_ns or 0)
+        return ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=n,
+                         fingerprint=fp, blocks=tuple(blocks), end=i == len(keys) - 1,
+                         at=now, written=tuple(written))
+
+    def _adopt(self, txn: Any, found: list[tuple[list[bytes], int, list[ChunkMeta]]],
+               spec: ModelSpec) -> int:
+        from rkv.writepath import _spec_json
+
+        engine = self.engine
+        ix, decide = engine._index, engine._decide
+        now = time.time()
+        adopted = 0
+        for keys, start, metas in found:
+            if not metas:
+                continue
+            ix.put_model(txn, spec.fingerprint(), _spec_json(spec))
+            for i, meta in enumerate(metas, start):
+                key = keys[i]
+                if ix.get_chunk(txn, key) is not None:
+                    continue                # stored meanwhile (by a put, or another request)
+                if i and not ix.has_chunk(txn, keys[i - 1]):
+                    break                   # its parent went meanwhile
+                ix.put_chunk(txn, key, meta, None)
+                decide.inserted(key, meta, meta.blocks[0][0], now)
+                adopted += 1
+        return adopted
+
+    # -- write-through ----------------------------------------------------------------------
+    def write_through(self, pending: Pending, puts: Sequence[list[bytes]]) -> int:
+        """Inside a put's mutation: copy the records of its new chunks that it places in a
+        local tier to the first shared tier with ``write_through`` (the same records: they
+        describe themselves). Best effort: a tier that fails is counted and logged, the put
+        stands. Returns the records copied."""
+        engine = self.engine
+        self.bad.difference_update(k for keys in puts for k in keys)
+        through = [n for n in self.names if engine.config.tier(n).remote_settings().write_through]
+        if not through:
+            return 0
+        name = through[0]
+        chunks = {k for keys in puts for k in keys}
+        already = pending.writes.get(name, {})
+        items = [(bk, v) for tier, writes in pending.writes.items() if tier not in self.names
+                 for bk, (v, _) in writes.items() if bk[:KEY_BYTES] in chunks
+                 and bk not in already]
+        if not items:
+            return 0
+        tier = engine._tiers[name]
+        try:
+            for i in range(0, len(items), 64):
+                tier.put_many(items[i:i + 64])
+        except RkvError as exc:
+            engine._count(remote_write_errors=1)
+            log.warning("tier %s: write-through failed (%s); the put is kept locally", name,
+                        exc)
+            return 0
+        engine._count(remote_written_through=len(items))
+        return len(items)
+
+    # -- forget -----------------------------------------------------------------------------
+    def forget_failed(self, reads: Sequence[tuple[list[bytes], Any, int, BlockLog]]) -> int:
+        """After reads: forget the chunks whose block in a shared tier read as missing or
+        failed verification (not those of a tier that was unreachable)."""
+        engine = self.engine
+        if not self.names or engine.readonly:
+            return 0
+        names = set(self.names)
+        gone: list[bytes] = []
+        for keys, metas, _, log in reads:
+            failed = [st.chunk for st in (*log.special.values(), *log.extra)
+                      if st.status in (MISSING, UNCORRECTABLE) and st.tier in names
+                      and not isinstance(st.error, TierUnavailableError)]
+            if failed:     # that chunk, and those after it the read did not reach
+                gone += keys[min(failed):max(len(metas), min(failed) + 1)]
+            self.bad.update(keys[st.chunk] for st in (*log.special.values(), *log.extra)
+                            if st.status == UNCORRECTABLE and st.tier in names
+                            and st.chunk < len(keys))
+        if len(self.bad) > 65536:
+            self.bad.clear()
+        if not gone:
+            return 0
+
+        def forget(txn: Any, pending: Any) -> int:
+            n = 0
+            for key in dict.fromkeys(gone):
+                meta = engine._index.read_chunk(txn, key)
+                if meta is None or not meta.tiers() & names:
+                    continue
+                free_chunk(engine._index, txn, key, meta, pending)
+                engine._decide.removed(key, Reason.DELETED)
+                n += 1
+            return n
+
+        n = int(engine._mutate(forget))
+        engine._count(remote_forgotten=n)
+        return n
+
+
+def _pipe(client: Any, cmds: list[tuple[str, bytes]]) -> list[Any]:
+    """One round trip of ``getrange`` (the first :data:`PROBE_BYTES`) and ``strlen``."""
+    pipe = client.pipeline(transaction=False)
+    for op, key in cmds:
+        if op == "strlen":
+            pipe.strlen(key)
+        else:
+            pipe.getrange(key, 0, PROBE_BYTES - 1)
+    return list(pipe.execute())
+
+
+def _envelope(head: bytes) -> int:
+    """Bytes of a MAC envelope before the record (verified by the read, not here)."""
+    if len(head) < 8:
+        return len(head)
+    return 8 + head[6] + MAC_BYTES
+
+
+def announce(engine: Engine, readers: Any, reads: Sequence[tuple[list[bytes], Sequence[ChunkMeta]]]
+             ) -> None:
+    """Tell the readers of remote tiers which blocks a get is about to read, in order, so
+    they fetch them in batched MGETs instead of one round trip per block."""
+    remote = {t.name for t in engine.config.tiers if t.kind == "redis"}
+    if not remote:
+        return
+    wants: dict[str, list[tuple[bytes, int]]] = {}
+    for keys, metas in reads:
+        for key, meta in zip(keys, metas, strict=False):
+            for layer, (tier, size) in enumerate(meta.blocks):
+                if tier in remote:
+                    wants.setdefault(tier, []).append((block_key(key, layer), size))
+    for tier, items in wants.items():
+        if tier in engine._tiers:
+            want = getattr(readers(tier), "want", None)
+            if want is not None:
+                want(items)

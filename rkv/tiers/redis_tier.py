@@ -1,0 +1,302 @@
+"""A remote tier on a Redis (or Valkey) server: records under namespaced keys, shared by nodes.
+
+Every record is one string value under ``rkv:<namespace>:<block key hex>``. Writes go in one
+MULTI/EXEC pipeline per batch (all or none), reads one GET per record or, for blocks the
+read path announces (:meth:`_Reader.want`), one MGET per window of records. The client keeps
+a connection pool, times out, and reconnects a failed command ``retries`` times.
+
+What rkv promises here (docs/remote.md):
+
+* **Snapshots**: Redis has none. A reader sees each value as the server has it when the value
+  is fetched; values fetched by one reader stay valid until it closes. The engine verifies
+  every record anyway, so a value that changed or vanished is a miss or an error, never
+  other data.
+* **Missing values are misses**: the server's ``maxmemory`` eviction or a key's expiry may
+  drop a value at any time.
+* **A down server** (refused, timed out) raises :class:`~rkv.errors.TierUnavailableError`, a
+  :class:`~rkv.errors.MissingRecordError`: reads are misses, writes fail with it. After a
+  failure the tier reports ``state == "damaged"`` (placement skips it) for ``retry_after_s``,
+  then tries the server again, so the engine recovers when it is back.
+* **Shared namespaces** (``shared = true``, the default) are never deleted from: a record one
+  node evicts or moves may be another node's prefix.
+* **Credentials** come from the environment or a file and appear nowhere: not in errors,
+  logs, ``repr`` or :meth:`stats` (the URL is shown without user info).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from rkv.errors import (
+    AuthenticationError,
+    ConfigError,
+    StoreError,
+    TierFullError,
+    TierUnavailableError,
+)
+from rkv.record_mac import MacKeys
+from rkv.tiers.base import Tier, TierSpec
+from rkv.tiers.remote_config import RemoteSettings, mac_key, read_secret, redact_url
+
+T = TypeVar("T")
+#: A remote tier has no storage of its own to identify: every node sees the same id, and a
+#: wiped server shows up as misses (which the engine forgets), not as a new id.
+REMOTE_STORE_ID = hashlib.blake2b(b"rkv-remote-tier", digest_size=16).hexdigest()
+_ABSENT = object()
+
+
+def _connection_kwargs(s: RemoteSettings, name: str) -> dict[str, Any]:
+    kw: dict[str, Any] = {
+        "socket_timeout": s.timeout_s,
+        "socket_connect_timeout": s.connect_timeout_s,
+        "max_connections": s.pool_size,
+        "retry": Retry(ExponentialBackoff(cap=0.25, base=0.01), s.retries),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "health_check_interval": 30,
+    }
+    if s.username:
+        kw["username"] = s.username
+    if s.password:
+        kw["password"] = read_secret(s.password, f"tier {name}: remote.password")
+    if s.url.startswith("rediss:"):
+        kw["ssl_cert_reqs"] = "required" if s.tls_verify else "none"
+        for opt, arg in (("tls_ca", "ssl_ca_certs"), ("tls_cert", "ssl_certfile"),
+                         ("tls_key", "ssl_keyfile")):
+            if getattr(s, opt):
+                kw[arg] = getattr(s, opt)
+    elif s.tls_ca or s.tls_cert or s.tls_key:
+        raise ConfigError(f"tier {name}: tls_* options need a rediss:// url")
+    return kw
+
+
+class _Reader:
+    """Reads of one engine read: values fetched once, kept until the reader closes."""
+
+    def __init__(self, tier: RedisTier) -> None:
+        self._tier = tier
+        self._fetched: dict[bytes, Any] = {}
+        self._order: list[tuple[bytes, int]] = []   # announced (block key, size), in order
+        self._at: dict[bytes, int] = {}
+        self._next = 0                              # first announced key not fetched yet
+
+    def want(self, items: Iterable[tuple[bytes, int]]) -> None:
+        """Announce the block keys (and expected sizes) about to be read, in order: they are
+        fetched in MGET windows of ``window_bytes`` instead of one GET each."""
+        for key, size in items:
+            if key not in self._at:
+                self._at[key] = len(self._order)
+                self._order.append((key, size))
+
+    def get(self, key: bytes) -> memoryview | None:
+        tier = self._tier
+        value = self._fetched.pop(key, _ABSENT)
+        if value is _ABSENT:
+            i = self._at.get(key)
+            if i is not None and i >= self._next:
+                self._fetch_window(i)
+                value = self._fetched.pop(key, None)
+            else:
+                value = tier._call(lambda c: c.get(tier.key(key)))
+                tier._count(gets=1)
+        if value is None:
+            tier._count(misses=1)
+            return None
+        tier._count(hits=1, bytes_read=len(value))
+        return tier.open_value(key, value)
+
+    def _fetch_window(self, i: int) -> None:
+        tier = self._tier
+        budget = tier.settings.window_bytes
+        keys: list[bytes] = []
+        j = i
+        while j < len(self._order) and (not keys or budget > 0):
+            k, size = self._order[j]
+            keys.append(k)
+            budget -= max(size, 1)
+            j += 1
+        values = tier._call(lambda c: c.mget([tier.key(k) for k in keys]))
+        tier._count(mgets=1)
+        self._fetched.update(zip(keys, values, strict=True))
+        self._next = j
+
+
+class RedisTier(Tier):
+    """Records on a Redis server (see the module docstring)."""
+
+    def __init__(self, spec: TierSpec, settings: RemoteSettings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.damage: str | None = None
+        self.where = f"tier {spec.name} ({redact_url(settings.url)}, {settings.namespace})"
+        self._prefix = f"rkv:{settings.namespace}:".encode()
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+        self._counters: Counter[str] = Counter()
+        self.macs: MacKeys | None = None
+        if settings.authenticated:
+            keys = {kid: mac_key(src, f"tier {spec.name}: remote.mac_keys.{kid}")
+                    for kid, src in settings.mac_keys.items()}
+            self.macs = MacKeys(keys, settings.mac_key_id)
+        kw = _connection_kwargs(settings, spec.name)
+        try:
+            self._pool: redis.ConnectionPool | None = redis.ConnectionPool.from_url(
+                settings.url, **kw)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{self.where}: bad connection settings: "
+                              f"{type(exc).__name__}") from None
+        self._client = redis.Redis(connection_pool=self._pool)
+        # A first contact: wrong credentials fail the open, a down server does not.
+        with suppress(TierUnavailableError):
+            self._call(lambda c: c.ping())
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"RedisTier({self.where})"
+
+    @property
+    def shared(self) -> bool:   # type: ignore[override]
+        return self.settings.shared
+
+    @property
+    def state(self) -> str:   # type: ignore[override]
+        """``"damaged"`` while the server is taken as down (placement skips the tier)."""
+        return "damaged" if time.monotonic() < self._down_until else "ok"
+
+    def key(self, block_key: bytes) -> bytes:
+        return self._prefix + block_key.hex().encode()
+
+    def _count(self, **counts: int) -> None:
+        with self._lock:
+            self._counters.update(counts)
+
+    def _call(self, fn: Callable[[redis.Redis], T]) -> T:
+        """``fn(client)`` with the server's failures as typed errors; a connection failure
+        marks the tier down for ``retry_after_s``."""
+        if self._pool is None:
+            from rkv.errors import StoreClosedError
+
+            raise StoreClosedError(f"{self.where} is closed")
+        if time.monotonic() < self._down_until:
+            self._count(unavailable=1)
+            raise TierUnavailableError(f"{self.where} is unavailable ({self.damage}); "
+                                       "retrying later")
+        try:
+            out = fn(self._client)
+        except (redis.AuthenticationError, redis.exceptions.AuthorizationError,
+                redis.exceptions.NoPermissionError) as exc:
+            raise StoreError(f"{self.where}: the server refused the credentials or the "
+                             f"command ({type(exc).__name__}; user "
+                             f"{self.settings.username or 'default'!r})") from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.damage = f"{type(exc).__name__}: {exc}"
+            self._down_until = time.monotonic() + self.settings.retry_after_s
+            self._count(unavailable=1)
+            raise TierUnavailableError(f"{self.where} is unavailable: {self.damage}") from None
+        except redis.exceptions.OutOfMemoryError:
+            raise TierFullError(f"{self.where}: the server is out of memory "
+                                "(maxmemory)") from None
+        except redis.ResponseError as exc:
+            raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}") from None
+        except redis.RedisError as exc:
+            raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}") from None
+        self.damage = None
+        return out
+
+    def open_value(self, block_key: bytes, value: bytes) -> memoryview:
+        """The record inside a stored value (its MAC verified on an authenticated tier)."""
+        if self.macs is None:
+            return memoryview(value)
+        try:
+            return self.macs.open(block_key, value)
+        except AuthenticationError:
+            self._count(auth_rejected=1)
+            raise
+
+    # -- the Tier interface -----------------------------------------------------------------
+    @property
+    def store_id(self) -> str:
+        return REMOTE_STORE_ID
+
+    def ensure_checked(self) -> None:
+        """Nothing to check on the server (placement calls this before writing)."""
+
+    @contextmanager
+    def reader(self) -> Iterator[_Reader]:
+        yield _Reader(self)
+
+    def _value(self, key: bytes, v: Any) -> bytes:
+        raw = v() if callable(v) else v
+        if self.macs is not None:
+            return self.macs.seal(key, raw)
+        return bytes(memoryview(raw).cast("B"))   # a copy: callables may reuse a buffer
+
+    def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
+        if not items:
+            return
+        values = [(self.key(k), self._value(k, v)) for k, v in items]
+        ttl = self.settings.ttl_s or None
+
+        def write(c: redis.Redis) -> Any:
+            pipe = c.pipeline(transaction=True)
+            for k, v in values:
+                pipe.set(k, v, ex=ttl)
+            return pipe.execute()
+
+        self._call(write)
+        self._count(writes=len(values), bytes_written=sum(len(v) for _, v in values))
+
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        """Delete records; a shared tier deletes nothing (another node may read them) and
+        returns 0."""
+        names = [self.key(k) for k in keys]
+        if not names or self.shared:
+            return 0
+        return int(self._call(lambda c: c.delete(*names)))
+
+    def iter_keys(self) -> Iterator[bytes]:
+        n = len(self._prefix)
+        found = self._call(lambda c: list(c.scan_iter(match=self._prefix + b"*", count=1000)))
+        for k in found:
+            try:
+                yield bytes.fromhex(k[n:].decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                continue   # not a block key of rkv's
+
+    def clear(self) -> None:
+        """Remove every record of the namespace (an explicit wipe, shared or not)."""
+        names = [self.key(k) for k in self.iter_keys()]
+        for i in range(0, len(names), 1000):
+            part = names[i:i + 1000]
+            self._call(lambda c, part=part: c.delete(*part))   # type: ignore[misc]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            counters = dict(self._counters)
+        return {
+            "kind": "redis",
+            "path": f"{redact_url(self.settings.url)} ns={self.settings.namespace}",
+            "namespace": self.settings.namespace,
+            "state": self.state,
+            "shared": self.shared,
+            "authenticated": self.macs is not None,
+            "mac_key_ids": self.macs.ids if self.macs is not None else [],
+            "records": None,       # counting would scan a namespace other nodes share
+            "map_bytes": 0,
+            "file_bytes": 0,
+            "remote": counters,
+        }
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.disconnect()
+            self._pool = None

@@ -1,0 +1,180 @@
+"""Settings of a remote tier (the ``remote`` table of a ``kind = "redis"`` tier), validated.
+
+Secrets never live in the config itself: the engine stores its config in the index and
+``rkv info`` prints it. A password or MAC key is named by where to find it, ``"env:VAR"``
+(an environment variable) or ``"file:PATH"`` (a file holding it), and read when the tier
+opens; a password inside the URL is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from rkv.errors import ConfigError
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+_SOURCE = re.compile(r"(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)")
+#: MAC keys: 16 to 64 bytes, written as hex.
+MIN_KEY_BYTES, MAX_KEY_BYTES = 16, 64
+
+
+def redact_url(url: str) -> str:
+    """``url`` without any user info (what logs, errors and stats show)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def check_url(url: Any, what: str) -> None:
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{what}: a redis tier needs url = \"redis://host:port/db\"")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing validates the port
+    except ValueError as exc:
+        raise ConfigError(f"{what}: bad url {redact_url(url)!r}: {exc}") from exc
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"{what}: url scheme must be redis://, rediss:// (TLS) or unix://, "
+                          f"got {parts.scheme!r}")
+    if parts.password is not None:
+        raise ConfigError(f"{what}: the url holds a password; give it as remote.password = "
+                          "\"env:VAR\" or \"file:PATH\" (the config is stored in the index)")
+    if parts.query:
+        raise ConfigError(f"{what}: url options go in the remote table, not the query string")
+
+
+def read_secret(source: str, what: str) -> str:
+    """The secret named by ``source`` (``env:VAR`` or ``file:PATH``); never echoed."""
+    kind, _, name = source.partition(":")
+    if kind == "env":
+        value = os.environ.get(name)
+        if value is None:
+            raise ConfigError(f"{what}: environment variable {name} is not set")
+        return value
+    try:
+        return Path(name).expanduser().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}: cannot read {name}: {type(exc).__name__}") from exc
+
+
+def mac_key(source: str, what: str) -> bytes:
+    """A MAC key from ``source``: hex, 16 to 64 bytes."""
+    text = read_secret(source, what).strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(f"{what}: the key must be hex ({2 * MIN_KEY_BYTES} to "
+                          f"{2 * MAX_KEY_BYTES} hex digits)") from None
+    if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+        raise ConfigError(f"{what}: the key is {len(key)} bytes; it must be "
+                          f"{MIN_KEY_BYTES} to {MAX_KEY_BYTES}")
+    return key
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """How to reach a remote tier and what it holds (see docs/remote.md).
+
+    ``namespace`` prefixes every key (``rkv:<namespace>:<block key hex>``): nodes that share
+    prefixes use the same one. ``username`` is an ACL user; ``password`` and the MAC keys are
+    secret sources. ``tls_*`` are file paths for ``rediss://`` (CA bundle, client certificate
+    and key). Timeouts are seconds; ``retries`` reconnects a failed command that many times;
+    after a failure the tier answers "unavailable" at once for ``retry_after_s`` before it
+    tries the server again. ``shared``: other nodes read this namespace, so rkv never deletes
+    from it (the server's ``maxmemory`` policy or ``ttl_s`` reclaims space), and with
+    ``write_through`` every chunk a put stores in a local tier is copied there too, so
+    other nodes find it (best effort: a failed copy is counted, the put stands). ``mac_keys``
+    (key id -> secret source) authenticates records; ``mac_key_id`` seals new ones.
+    ``window_bytes`` bounds one batched read (MGET)."""
+
+    url: str
+    namespace: str = "default"
+    username: str = ""
+    password: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_verify: bool = True
+    connect_timeout_s: float = 2.0
+    timeout_s: float = 5.0
+    retries: int = 2
+    retry_after_s: float = 1.0
+    pool_size: int = 16
+    shared: bool = True
+    write_through: bool = True
+    ttl_s: int = 0
+    mac_keys: dict[str, str] = field(default_factory=dict)
+    mac_key_id: str = ""
+    window_bytes: int = 32 << 20
+
+    def __post_init__(self) -> None:
+        what = "remote"
+        check_url(self.url, what)
+        for name in ("namespace",):
+            if not isinstance(getattr(self, name), str) or not _NAME.fullmatch(
+                    getattr(self, name)):
+                raise ConfigError(f"{what}.{name} must be 1-64 of [A-Za-z0-9_.-]")
+        for name in ("username", "tls_ca", "tls_cert", "tls_key"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{what}.{name} must be a string")
+        if self.password and (not isinstance(self.password, str)
+                              or not _SOURCE.fullmatch(self.password)):
+            raise ConfigError(f"{what}.password must be \"env:VAR\" or \"file:PATH\" (a "
+                              "literal password would be stored in the index)")
+        for name in ("tls_verify", "shared", "write_through"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{what}.{name} must be a bool")
+        for name, lo in (("connect_timeout_s", 1e-3), ("timeout_s", 1e-3),
+                         ("retry_after_s", 0.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= 3600:
+                raise ConfigError(f"{what}.{name} must be a number in [{lo}, 3600], got {v!r}")
+        for name, lo, hi in (("retries", 0, 100), ("pool_size", 1, 4096),
+                             ("ttl_s", 0, 1 << 31), ("window_bytes", 1 << 16, 1 << 34)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ConfigError(f"{what}.{name} must be an int in [{lo}, {hi}], got {v!r}")
+        if not isinstance(self.mac_keys, dict):
+            raise ConfigError(f"{what}.mac_keys must be a table of key id = \"env:VAR\"")
+        for kid, src in self.mac_keys.items():
+            if not isinstance(kid, str) or not _KEY_ID.fullmatch(kid):
+                raise ConfigError(f"{what}.mac_keys: key id {kid!r} must be 1-32 of "
+                                  "[A-Za-z0-9_.-]")
+            if not isinstance(src, str) or not _SOURCE.fullmatch(src):
+                raise ConfigError(f"{what}.mac_keys.{kid} must be \"env:VAR\" or "
+                                  "\"file:PATH\" (a literal key would be stored in the index)")
+        if not isinstance(self.mac_key_id, str):
+            raise ConfigError(f"{what}.mac_key_id must be a string")
+        if self.mac_key_id and self.mac_key_id not in self.mac_keys:
+            raise ConfigError(f"{what}.mac_key_id {self.mac_key_id!r} is not in mac_keys")
+        if self.mac_keys and not self.mac_key_id:
+            raise ConfigError(f"{what}: mac_keys given without mac_key_id (the key that seals "
+                              "new records)")
+
+    @classmethod
+    def from_dict(cls, url: str, d: Any, what: str = "remote") -> RemoteSettings:
+        if not isinstance(d, dict):
+            raise ConfigError(f"{what} must be a table")
+        known = {f.name for f in fields(cls)} - {"url"}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown {what} keys: {sorted(unknown)} (known: "
+                              f"{sorted(known)})")
+        return cls(url=url, **d)
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.mac_keys)
+
+    def __repr__(self) -> str:   # secret sources are names, but keep reprs short and safe
+        return (f"RemoteSettings(url={redact_url(self.url)!r}, namespace={self.namespace!r}, "
+                f"authenticated={self.authenticated})")
