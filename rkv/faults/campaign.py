@@ -25,10 +25,9 @@ one in a thousand blocks.
 from __future__ import annotations
 
 import json
+import logging
 import math
-import os
 import shutil
-import sys
 import tempfile
 import time
 import tomllib
@@ -46,6 +45,7 @@ from rkv.errors import ConfigError
 from rkv.faults.bench import OUTCOMES, TrialResult, _Bench, _worker
 from rkv.faults.reliability import RAW, Prediction, predict
 from rkv.model import ModelSpec
+from rkv.ui.progress import Progress
 
 __all__ = [
     "OUTCOMES",
@@ -56,11 +56,13 @@ __all__ = [
     "format_summary",
     "replay_trial",
     "run_campaign",
+    "run_with_raw",
     "stderr_progress",
     "wilson",
 ]
 
 SAMPLING = ("auto", "direct", "conditional")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,9 @@ class Summary:
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95 % Wilson score interval for k successes in n trials."""
+    # Kept as this closed form on purpose: the libraries that provide it (statsmodels'
+    # proportion_confint, scipy's binomtest) pull in scipy (tens of MB) for five lines,
+    # and tests check it against exact binomial tails.
     if n == 0:
         return 0.0, 1.0
     p = k / n
@@ -268,9 +273,18 @@ def _batches(items: list[tuple[int, int]], size: int) -> Iterator[list[tuple[int
         yield items[i:i + size]
 
 
-def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | None = None
-                 ) -> Summary:
-    """Run ``cfg.trials`` trials (over ``cfg.workers`` processes) and summarize them."""
+def run_campaign(cfg: CampaignConfig, *,
+                 progress: bool | Callable[[int, int], None] | None = None) -> Summary:
+    """Run ``cfg.trials`` trials (over ``cfg.workers`` processes) and summarize them.
+
+    ``progress``: ``True`` shows an :class:`rkv.ui.Progress` (a bar on a terminal, plain
+    lines on stderr otherwise); a callable is called with (trials done, trials)."""
+    if progress is stderr_progress:
+        progress = True
+    if progress is True:
+        label = "raw storage" if cfg.effective_protection() == RAW else "campaign"
+        with Progress(label, cfg.trials, unit="trial") as bar:
+            return run_campaign(cfg, progress=bar.advance_to)
     model = cfg.model()
     protection = cfg.effective_protection()
     prediction = predict(cfg.protection_pipeline(), cfg.data_bytes, model, cfg.hours)
@@ -283,6 +297,10 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
     plan = tilt_plan(cfg, record)
     if plan is not None:
         sampling = "importance"
+    log.info("campaign: tier %s, protection %s, fault model %s x %g, %g h, %d trials x %d "
+             "blocks, %s sampling, %d worker(s)", cfg.tier, protection,
+             cfg.fault_model or "(tier default)", cfg.ber_multiplier, cfg.hours, cfg.trials,
+             cfg.blocks, sampling, cfg.workers)
     blocks_out: list[tuple[str, float]] = []
     trials = [(i, cfg.trial_seed(i)) for i in range(cfg.trials)]
     rows_out = open(cfg.rows, "w", encoding="utf-8") if cfg.rows else None  # noqa: SIM115
@@ -301,7 +319,7 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
             if rows_out is not None:
                 rows_out.write(json.dumps(row) + "\n")
         done += len(rows)
-        if progress is not None:
+        if callable(progress):
             progress(done, cfg.trials)
 
     try:
@@ -328,6 +346,8 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
             rows_out.close()
     seconds = time.perf_counter() - t0
     blocks = cfg.trials * cfg.blocks
+    log.info("campaign done: %d blocks in %.1f s: %s", blocks, seconds,
+             ", ".join(f"{o} {counts[o]}" for o in OUTCOMES))
     scale = p_any if conditional else 1.0
     rates = {}
     for o in OUTCOMES:
@@ -346,6 +366,17 @@ def run_campaign(cfg: CampaignConfig, *, progress: Callable[[int, int], None] | 
     return Summary(cfg_dict, protection, sampling, cfg.trials, blocks,
                    {o: counts[o] for o in OUTCOMES}, p_any, rates, prediction, seconds,
                    importance=importance)
+
+
+def run_with_raw(cfg: CampaignConfig, *, compare_raw: bool = True,
+                 progress: bool | Callable[[int, int], None] | None = None
+                 ) -> tuple[Summary, Summary | None]:
+    """The campaign, then (unless its protection is already raw, or ``compare_raw`` is
+    false) the same campaign on raw storage: what ``format_report`` takes."""
+    summary = run_campaign(cfg, progress=progress)
+    if not compare_raw or summary.protection == RAW:
+        return summary, None
+    return summary, run_campaign(replace(cfg, protection=RAW, rows=""), progress=progress)
 
 
 def tilt_plan(cfg: CampaignConfig, record: int) -> dict[str, Any] | None:
@@ -389,63 +420,14 @@ def replay_trial(cfg: CampaignConfig, trial: int, seed: int | None = None) -> di
                    conditional, tilt_plan(cfg, prediction.record_bytes))[0]
 
 
-def format_summary(s: Summary) -> str:
-    """The human table: counts and per-block rates with 95 % intervals next to the analytic
-    prediction."""
-    p = s.prediction
-    analytic = {"clean": 1 - p.p_error, "masked": None, "corrected": p.p_corrected,
-                "degraded": p.p_degraded, "due": p.p_due, "sdc": p.p_sdc}
-    cfg = s.config
-    mult = cfg.get("ber_multiplier", 1.0)
-    accel = f" (rates x {mult:g}: accelerated)" if mult != 1 else ""
-    lines = [
-        f"campaign: tier {cfg['tier']}, fault model {cfg['fault_model'] or '(tier default)'}"
-        f"{accel}, "
-        f"protection {s.protection}, {cfg['hours']} h, {s.trials} trials x {cfg['blocks']} "
-        f"blocks of {cfg['chunk_tokens'] * cfg['kv_heads'] * cfg['head_dim'] * 2 * 2 // 1024}"
-        f" KiB, {s.sampling} sampling",
-        f"P(any fault per {p.record_bytes}-byte record) = {s.p_any_error:.3g}",
-        "",
-        f"{'outcome':<10} {'count':>8} {'rate/block':>11} {'95% CI':>23} {'analytic':>11}",
-    ]
-    if s.importance is not None:
-        return _format_importance(s, lines[:2], analytic)
-    for o in OUTCOMES:
-        if o == "degraded" and not s.counts[o] and not p.p_degraded:
-            continue        # only layouts with a tolerant part can degrade
-        r, lo, hi = s.rates[o]
-        a = analytic[o]
-        a_txt = "-" if a is None else f"{a:.3g}"
-        lines.append(f"{o:<10} {s.counts[o]:>8} {r:>11.3g} [{lo:>9.3g}, {hi:>9.3g}] "
-                     f"{a_txt:>11}")
-    lines.append("")
-    lines.append(f"without the end-to-end checksum, analytic SDC would be "
-                 f"{p.p_sdc_unchecked:.3g} per block")
-    lines.append(f"{s.blocks} blocks in {s.seconds:.1f} s "
-                 f"({s.blocks / s.seconds if s.seconds else 0:.0f} blocks/s)")
-    return "\n".join(lines)
+def format_summary(s: Summary, fmt: str = "text") -> str:
+    """One run's header and outcome table: :func:`rkv.faults.campaign_report.format_summary`
+    (the campaign's whole output, verdict first, is ``campaign_report.format_report``)."""
+    from rkv.faults.campaign_report import format_summary as fs
 
-
-def _format_importance(s: Summary, head: list[str], analytic: dict[str, float | None]
-                       ) -> str:
-    imp = s.importance or {}
-    lines = [*head, f"importance sampling: {imp['plan'].get('note', '')}", "",
-             f"{'outcome':<10} {'blocks':>7} {'estimate/block':>15} {'stderr':>10} "
-             f"{'rel.err':>8} {'ess':>7} {'analytic':>11}"]
-    analytic = {**analytic, "recovered": s.prediction.p_corrected, "corrected": None}
-    for o in ("masked", "corrected", "recovered", "due", "sdc"):
-        e = imp[o]
-        a = analytic.get(o)
-        rel = f"{e['rel_err']:.2%}" if math.isfinite(e["rel_err"]) else "-"
-        lines.append(f"{o:<10} {e['hits']:>7} {e['estimate']:>15.4g} {e['stderr']:>10.3g} "
-                     f"{rel:>8} {e['ess']:>7.1f} {'-' if a is None else f'{a:.4g}':>11}")
-    lines += ["", f"weights' effective sample size {imp['weight_ess']:.1f} of {s.blocks} blocks;"
-              " recovered = masked + corrected (the analytic 'corrected')",
-              f"{s.blocks} blocks in {s.seconds:.1f} s"]
-    return "\n".join(lines)
+    return fs(s, fmt)
 
 
 def stderr_progress(done: int, total: int) -> None:
-    if sys.stderr.isatty() or os.environ.get("RKV_PROGRESS"):
-        end = "\n" if done == total else ""
-        print(f"\rtrial {done}/{total}", end=end, file=sys.stderr, flush=True)
+    """Kept for callers of the old ``(done, total)`` progress callback: passing it to
+    :func:`run_campaign` means ``progress=True`` (an :class:`rkv.ui.Progress` display)."""
