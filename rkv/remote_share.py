@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from policies.base import Reason
 from rkv.decisions import free_chunk
-from rkv.errors import RkvError, TierUnavailableError
+from rkv.errors import AuthenticationError, RkvError, TierUnavailableError
 from rkv.index import ChunkMeta
 from rkv.keys import KEY_BYTES, block_key, chunk_bounds
 from rkv.model import ModelSpec
 from rkv.record import peek_header
 from rkv.record_mac import MAC_BYTES
+from rkv.record_mac import MAGIC as MAC_MAGIC
 from rkv.results import MISSING, UNCORRECTABLE, BlockLog
 from rkv.tiers.base import Tier
 from rkv.txn import Pending
@@ -160,9 +161,10 @@ class RemoteShare:
             if not total:
                 return None
             try:
-                skip = _envelope(head) if tier.macs is not None else 0
+                skip = _envelope(head, keys[i]) if tier.macs is not None else 0
                 header, size = peek_header(head[skip:])
             except RkvError:
+                self.engine._count(remote_probe_rejected=1)
                 return None
             if (header.key != keys[i] or header.layer != layer or header.fingerprint != fp
                     or header.shape != spec.block_shape(n) or header.dtype != spec.dtype
@@ -278,10 +280,11 @@ def _pipe(client: Any, cmds: list[tuple[str, bytes]]) -> list[Any]:
     return list(pipe.execute())
 
 
-def _envelope(head: bytes) -> int:
-    """Bytes of a MAC envelope before the record (verified by the read, not here)."""
-    if len(head) < 8:
-        return len(head)
+def _envelope(head: bytes, key: bytes) -> int:
+    """Bytes of a MAC envelope before the record (its MAC is verified by the read, which
+    has the whole value); a value that has no envelope is rejected now."""
+    if len(head) < 8 or head[:4] != MAC_MAGIC:
+        raise AuthenticationError(f"record {key.hex()[:16]} is not sealed (no MAC envelope)")
     return 8 + head[6] + MAC_BYTES
 
 
