@@ -66,6 +66,12 @@ class _FaultyReader:
         self._inner = inner
         self._owner = owner
 
+    def want(self, items: Any) -> None:
+        """Pass a read-ahead announcement on (a remote tier batches its reads)."""
+        want = getattr(self._inner, "want", None)
+        if want is not None:
+            want(items)
+
     def get(self, key: bytes) -> memoryview | None:
         rec = self._inner.get(key)
         if rec is None or key in self._owner.lost:

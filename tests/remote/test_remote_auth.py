@@ -4,8 +4,8 @@ typed error, counted, and never returned."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
