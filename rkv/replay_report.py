@@ -8,9 +8,9 @@ module stays small.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +18,9 @@ from typing import Any
 
 from rkv.errors import ConfigError, InputError
 from rkv.replay import BELADY, INFINITE, Capacity, CostModel, Result, Trace, parse_capacity
-from rkv.results import human_bytes
+from rkv.ui import Column, Progress, check_format, human_bytes, render
+
+log = logging.getLogger(__name__)
 
 
 # -- tier layouts ---------------------------------------------------------------------------------
@@ -141,26 +143,23 @@ def _column(r: Result) -> str:
 
 
 def _matrix(title: str, rows: list[str], cols: list[str], cell: dict[tuple[str, str], str],
-            markdown: bool) -> str:
-    if markdown:
-        lines = [f"| {title} | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
-        for p in rows:
-            lines.append(f"| {p} | " + " | ".join(cell.get((p, c), "") for c in cols) + " |")
-        return "\n".join(lines)
-    width = max([len(p) for p in rows] + [len(title)])
-    cw = [max(9, len(c), *(len(cell.get((p, c), "")) for p in rows)) for c in cols]
-    lines = [f"{title:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cols, cw,
-                                                                            strict=True))]
-    for p in rows:
-        vals = [cell.get((p, c), "") for c in cols]
-        lines.append(f"{p:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(vals, cw,
-                                                                                strict=True)))
-    return "\n".join(lines)
+            fmt: str) -> str:
+    """One metric: a row per policy, a column per capacity or layout (``fmt``: text or
+    markdown, through :mod:`rkv.ui.tables`)."""
+    columns = [Column("_row", title), *(Column(c, align="right") for c in cols)]
+    data = [{"_row": p, **{c: cell.get((p, c), "") for c in cols}} for p in rows]
+    return render(data, columns, fmt=fmt).rstrip("\n")
 
 
-def format_table(results: Sequence[Result], *, markdown: bool = False) -> str:
+def format_table(results: Sequence[Result], *, markdown: bool = False,
+                 fmt: str | None = None) -> str:
     """One matrix per metric (policies down, capacities or tier layouts across); then, for each
-    layout of several tiers, block hits per tier and the bytes moved into and out of each."""
+    layout of several tiers, block hits per tier and the bytes moved into and out of each.
+    ``fmt``: ``text`` (default), ``markdown`` (also ``markdown=True``), or ``json``/``csv``:
+    one flat row per result (policy, capacity, the metrics, per-tier hits and moves)."""
+    fmt = check_format(fmt or ("markdown" if markdown else "text"))
+    if fmt in ("json", "csv"):
+        return render([_flat(r) for r in results], fmt=fmt)
     cols: list[str] = []
     rows: list[str] = []
     by: dict[tuple[str, str], Result] = {}
@@ -171,8 +170,8 @@ def format_table(results: Sequence[Result], *, markdown: bool = False) -> str:
         if r.policy not in rows:
             rows.append(r.policy)
         by[r.policy, c] = r
-    blocks = [_matrix(title, rows, cols, {k: fmt.format(get(r)) for k, r in by.items()},
-                      markdown) for title, get, fmt in _METRICS]
+    blocks = [_matrix(title, rows, cols, {k: f.format(get(r)) for k, r in by.items()}, fmt)
+              for title, get, f in _METRICS]
     for c in cols:
         tiered = [(p, by[p, c]) for p in rows if (p, c) in by and len(by[p, c].tiers) > 1]
         if not tiered:
@@ -183,9 +182,22 @@ def format_table(results: Sequence[Result], *, markdown: bool = False) -> str:
         moved = {(p, t.name): f"{t.moved_in / _GIB:.0f} / {t.moved_out / _GIB:.0f}"
                  for p, r in tiered for t in r.tiers}
         prow = [p for p, _ in tiered]
-        blocks.append(_matrix(f"block hits % by tier, {c}", prow, names, hits, markdown))
-        blocks.append(_matrix(f"GiB moved in / out, {c}", prow, names, moved, markdown))
+        blocks.append(_matrix(f"block hits % by tier, {c}", prow, names, hits, fmt))
+        blocks.append(_matrix(f"GiB moved in / out, {c}", prow, names, moved, fmt))
     return "\n\n".join(blocks)
+
+
+def _flat(r: Result) -> dict[str, Any]:
+    row: dict[str, Any] = {"policy": r.policy, "capacity": _column(r),
+                           "capacity_bytes": r.capacity_bytes}
+    for title, get, _ in _METRICS:
+        row[title] = get(r)
+    if len(r.tiers) > 1:
+        for t in r.tiers:
+            row[f"{t.name} hits"] = t.hits
+            row[f"{t.name} bytes in"] = t.moved_in
+            row[f"{t.name} bytes out"] = t.moved_out
+    return row
 
 
 def to_json(results: Sequence[Result], trace: Trace, cost: CostModel,
@@ -249,8 +261,14 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "") -> None:
         plt.close(fig)
 
 
-def stderr_progress(msg: str) -> None:
-    print(f"  replaying {msg}", file=sys.stderr, flush=True)
+def _write_json(args: Any, results: Sequence[Result], trace: Trace, cost: CostModel,
+                layouts: list[Layout], promote: str, budget: Capacity | None) -> None:
+    if args.json:
+        doc = to_json(results, trace, cost, {
+            "trace": str(args.trace), "format": args.format, "limit": args.limit,
+            "layouts": [lay.text for lay in layouts], "promote": promote,
+            "prefetch_budget": None if budget is None else budget.text})
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def cli_replay(args: Any) -> int:
@@ -288,19 +306,30 @@ def cli_replay(args: Any) -> int:
         raise ConfigError(f"--promote must be hit or never, got {promote!r}")
     specs = args.policy or available()
     trace = prepare(read_trace(args.trace, args.format, args.limit), cost)
-    progress = None if args.quiet or not sys.stderr.isatty() else stderr_progress
-    try:
-        results = replay_all(trace, specs, capacities, layouts, cost, progress=progress,
-                             lookaheads=args.lookahead or [0], promote=promote,
-                             prefetch_budget=budget,
-                             prefetch_policy=args.prefetch_policy or "queue")
-        if args.store:
-            from rkv.replay_store import run_on_store
+    fmt = check_format(getattr(args, "fmt", None) or (
+        "markdown" if args.markdown else "text"))
+    with Progress("replay", None, unit="run", quiet=bool(args.quiet)) as bar:
+        def progress(msg: str) -> None:
+            bar.update(note=msg)
 
-            results += run_on_store(trace, specs, capacities, args.store, cost,
-                                    lookaheads=args.lookahead or [0], progress=progress)
-    except PolicyError as exc:
-        raise ConfigError(f"policy misbehaved: {exc}") from exc
+        try:
+            results = replay_all(trace, specs, capacities, layouts, cost, progress=progress,
+                                 lookaheads=args.lookahead or [0], promote=promote,
+                                 prefetch_budget=budget,
+                                 prefetch_policy=args.prefetch_policy or "queue")
+            if args.store:
+                from rkv.replay_store import run_on_store
+
+                results += run_on_store(trace, specs, capacities, args.store, cost,
+                                        lookaheads=args.lookahead or [0], progress=progress)
+        except PolicyError as exc:
+            raise ConfigError(f"policy misbehaved: {exc}") from exc
+    log.info("replay: %d runs of %s", len(results), args.trace)
+    if fmt in ("json", "csv"):      # machine formats: the table alone, on stdout
+        print(format_table(results, fmt=fmt), end="")
+        _write_json(args, results, trace, cost, layouts, promote, budget)
+        _plot(args, results)
+        return 0
     model = (f"{args.bandwidth:g} GB/s + {args.latency:g} us per hit block, "
              if capacities else "")
     print(f"{args.trace}: {trace.requests} requests, {len(trace.refs)} block references, "
@@ -309,13 +338,12 @@ def cli_replay(args: Any) -> int:
     for lay in layouts:
         print(describe_layout(lay, trace, cost, promote, budget))
     print()
-    print(format_table(results, markdown=args.markdown))
-    if args.json:
-        doc = to_json(results, trace, cost, {
-            "trace": str(args.trace), "format": args.format, "limit": args.limit,
-            "layouts": [lay.text for lay in layouts], "promote": promote,
-            "prefetch_budget": None if budget is None else budget.text})
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    print(format_table(results, fmt=fmt))
+    _write_json(args, results, trace, cost, layouts, promote, budget)
+    _plot(args, results)
+    return 0
+
+
+def _plot(args: Any, results: Sequence[Result]) -> None:
     if args.plot:
         plot(results, args.plot, title=f"{Path(args.trace).name}: prefix-token hit ratio")
-    return 0

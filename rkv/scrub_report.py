@@ -3,11 +3,13 @@ see :mod:`rkv.scrub`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rkv.errors import ConfigError
+from rkv.ui.tables import Column, check_format, render
 
 
 @dataclass
@@ -49,8 +51,18 @@ class ScrubReport:
                 "interrupted": self.interrupted, "total_blocks": self.total_blocks,
                 "bytes_read": self.bytes_read}
 
-    def render(self) -> str:
-        """A ``zpool status``-like summary."""
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per tier: what the pass did there (the table of :meth:`render`)."""
+        return [{"tier": n, **vars(t)} for n, t in self.tiers.items()]
+
+    def render(self, fmt: str = "text") -> str:
+        """A ``zpool status``-like summary (``fmt`` text or markdown); ``json`` is
+        :meth:`to_dict`, ``csv`` the per-tier rows."""
+        check_format(fmt)
+        if fmt == "json":
+            return json.dumps(self.to_dict(), indent=2)
+        if fmt == "csv":
+            return render(self.rows(), [Column(k) for k in ("tier", *_FIELDS)], fmt="csv")
         state = "interrupted" if self.interrupted else "completed"
         mb = self.bytes_read / 1e6
         rate = mb / self.seconds if self.seconds > 0 else 0.0
@@ -61,13 +73,17 @@ class ScrubReport:
                  f"{self.total('repaired')}, lost "
                  f"{self.total('lost')} ({self.chunks_dropped} chunks dropped), skipped "
                  f"{self.total('skipped')}"]
-        head = f"  {'tier':<10}{'scanned':>9}{'MB':>10}{'corrected':>11}{'refreshed':>11}" \
-               f"{'repaired':>10}{'lost':>6}"
-        lines.append(head)
-        for n, t in self.tiers.items():
-            lines.append(f"  {n:<10}{t.scanned:>9}{t.bytes_read / 1e6:>10.1f}{t.corrected:>11}"
-                         f"{t.refreshed:>11}{t.repaired:>10}{t.lost:>6}")
+        if self.tiers:
+            lines += [""] if fmt == "markdown" else []
+            lines.append(render(self.rows(), _COLUMNS, fmt=fmt, indent=2).rstrip("\n"))
         return "\n".join(lines)
+
+
+_FIELDS = tuple(f.name for f in fields(TierScrub))
+_COLUMNS = [Column("tier"), Column("scanned", align="right"),
+            Column("bytes_read", "MB", "right", lambda b: f"{b / 1e6:,.1f}"),
+            *(Column(k, align="right") for k in ("corrected", "refreshed", "moved",
+                                                 "repaired", "lost", "degraded"))]
 
 
 @dataclass(frozen=True)

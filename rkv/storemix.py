@@ -9,11 +9,12 @@ that rewrote an entry) have none: their blocks count as ``unknown``.
 
 from __future__ import annotations
 
-import io
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from rkv.index import ChunkMeta, label_parts, pipe_label
+from rkv.ui.sizes import human_bytes
+from rkv.ui.tables import Column, render
 
 if TYPE_CHECKING:
     from rkv.ecc.base import Codec
@@ -72,33 +73,33 @@ class Mix:
         return out
 
 
-def mix_table(tiers: dict[str, dict[str, Any]]) -> str:
-    """``rkv info``'s table of the stored mix (``stats()["tiers"]``): one row per tier and
-    (bits, code); ``rich`` when installed, else plain text. Empty when nothing is stored."""
-    from rkv.results import human_bytes
-
-    head = ("tier", "bits", "code", "blocks", "bytes", "share")
+def mix_rows(tiers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per tier and (bits, code) of the stored mix (``stats()["tiers"]``): tier, bits
+    and code (None: unknown), blocks, bytes and the share of the tier's bytes."""
     rows = []
     for name, t in tiers.items():
         total = sum(r["bytes"] for r in t.get("mix", {}).values()) or 1
         for r in t.get("mix", {}).values():
-            rows.append((name, UNKNOWN if r["bits"] is None else str(r["bits"]),
-                         r["code"] or UNKNOWN, f"{r['blocks']:,}", human_bytes(r["bytes"]),
-                         f"{100 * r['bytes'] / total:.1f} %"))
-    if not rows:
+            rows.append({"tier": name, "bits": r["bits"], "code": r["code"],
+                         "blocks": r["blocks"], "bytes": r["bytes"],
+                         "share": r["bytes"] / total})
+    return rows
+
+
+_COLUMNS = [Column("tier"), Column("bits", fmt=lambda b: str(b)),
+            Column("code", fmt=lambda c: str(c)),
+            Column("blocks", align="right", fmt="{:,}"),
+            Column("bytes", align="right", fmt=human_bytes),
+            Column("share", align="right", fmt=lambda x: f"{100 * x:.1f} %")]
+
+
+def mix_table(tiers: dict[str, dict[str, Any]], fmt: str = "text") -> str:
+    """``rkv info``'s table of the stored mix (:func:`mix_rows`) in ``fmt`` (text, json, csv,
+    markdown). Text is empty when nothing is stored."""
+    rows = mix_rows(tiers)
+    if not rows and fmt in ("text", "markdown"):
         return ""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # pragma: no cover - rich is installed in the dev venv
-        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
-                         .rstrip() for r in [head, *rows]) + "\n"
-    table = Table(title="stored mix")
-    for i, name in enumerate(head):
-        table.add_column(name, justify="right" if i >= 3 else "left")
-    for r in rows:
-        table.add_row(*r)
-    buf = io.StringIO()
-    Console(file=buf, width=120, color_system=None).print(table)
-    return buf.getvalue()
+    shown = [{**r, "bits": UNKNOWN if r["bits"] is None else r["bits"],
+              "code": r["code"] or UNKNOWN} for r in rows] if fmt in ("text", "markdown") \
+        else rows
+    return render(shown, _COLUMNS, fmt=fmt, title="stored mix")

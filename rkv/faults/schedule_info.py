@@ -13,8 +13,9 @@ import math
 from typing import Any
 
 from rkv.faults.schedule import DEFAULT_BLOCK_BYTES, schedule
+from rkv.ui.tables import Column, render
 
-__all__ = ["add_schedule", "block_bytes", "human_hours", "schedule_text"]
+__all__ = ["add_schedule", "block_bytes", "human_hours", "schedule_rows", "schedule_text"]
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 
@@ -72,27 +73,47 @@ def human_hours(h: float | None) -> str:
     return f"{h / 8766.0:.3g} y"
 
 
-def schedule_text(stats: dict[str, Any]) -> str:
-    """The table `add_schedule` filled in, as ``rkv info --schedule`` prints it."""
-    sch = stats["schedule"]
-    rows = list(sch["tiers"].items())
-    horizon = rows[0][1]["horizon_hours"] if rows else 0.0
-    lines = [f"scrub schedule (target P(DUE) {sch['target_p_due']:g} per block; blocks of "
-             f"{sch['block_source']}; P(DUE) per block-day scrubbed at the interval, and "
-             f"unscrubbed over {human_hours(horizon)}):",
-             f"  {'tier':<6} {'data':>9} {'bits':>4} {'code':<28} {'refresh age':>11} "
-             f"{'scrub every':>11} {'scrubbed':>9} {'unscrubbed':>10}"]
-    for name, s in rows:
-        lines.append(
-            f"  {name:<6} {_kib(s['data_bytes']):>9} {s['bits']:>4} {s['code']:<28} "
-            f"{human_hours(s['refresh_hours']):>11} {human_hours(s['scrub_hours']):>11} "
-            f"{s['p_due_per_block_day_scrubbed']:>9.2g} "
-            f"{s['p_due_per_block_day_unscrubbed']:>10.2g}")
-        if s.get("note"):
-            lines.append(f"         note: {s['note']}")
-    return "\n".join(lines) + "\n"
+def schedule_rows(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per tier of the schedule `add_schedule` filled in (hours: None for never)."""
+    out = []
+    for name, sc in stats["schedule"]["tiers"].items():
+        out.append({"tier": name, "data_bytes": sc["data_bytes"], "bits": sc["bits"],
+                    "code": sc["code"], "refresh_hours": sc["refresh_hours"],
+                    "scrub_hours": sc["scrub_hours"],
+                    "p_due_per_block_day_scrubbed": sc["p_due_per_block_day_scrubbed"],
+                    "p_due_per_block_day_unscrubbed": sc["p_due_per_block_day_unscrubbed"],
+                    "note": sc.get("note") or ""})
+    return out
+
+
+def _g2(x: float) -> str:
+    return f"{x:.2g}"
 
 
 def _kib(n: int) -> str:
     return f"{n / 1024:.4g} KiB"
 
+
+_COLUMNS = [Column("tier"), Column("data_bytes", "data", "right", _kib),
+            Column("bits", align="right"), Column("code"),
+            Column("refresh_hours", "refresh age", "right", human_hours),
+            Column("scrub_hours", "scrub every", "right", human_hours),
+            Column("p_due_per_block_day_scrubbed", "scrubbed", "right", _g2),
+            Column("p_due_per_block_day_unscrubbed", "unscrubbed", "right", _g2)]
+
+
+def schedule_text(stats: dict[str, Any], fmt: str = "text") -> str:
+    """The table `add_schedule` filled in, as ``rkv info --schedule`` prints it (``fmt``:
+    text, json, csv or markdown; the machine formats are :func:`schedule_rows`)."""
+    rows = schedule_rows(stats)
+    if fmt in ("json", "csv"):
+        return render(rows, [*(Column(k) for k in rows[0])] if rows else None, fmt=fmt)
+    sch = stats["schedule"]
+    horizon = next(iter(sch["tiers"].values()))["horizon_hours"] if rows else 0.0
+    head = (f"scrub schedule (target P(DUE) {sch['target_p_due']:g} per block; blocks of "
+            f"{sch['block_source']}; P(DUE) per block-day scrubbed at the interval, and "
+            f"unscrubbed over {human_hours(horizon)}):")
+    notes = [f"  note ({r['tier']}): {r['note']}" for r in rows if r["note"]]
+    table = render(rows, _COLUMNS, fmt=fmt, indent=2)
+    return "\n".join([head, *([""] if fmt == "markdown" else []), table.rstrip("\n"),
+                      *notes]) + "\n"

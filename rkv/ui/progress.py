@@ -64,6 +64,7 @@ class Progress:
         self._rich: Any = None
         self._task: Any = None
         self._closed = False
+        self._note = ""
 
     # -- context manager ----------------------------------------------------------------
     def __enter__(self) -> Progress:
@@ -84,10 +85,10 @@ class Progress:
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TaskProgressColumn(), TextColumn("{task.fields[rate]}"),
                 TextColumn("ETA"), TimeRemainingColumn(), TextColumn("elapsed"),
-                TimeElapsedColumn(),
+                TimeElapsedColumn(), TextColumn("{task.fields[note]}", markup=False),
                 console=Console(file=self.file, force_terminal=True), transient=False)
             self._rich.start()
-            self._task = self._rich.add_task(self.desc, total=self.total, rate="")
+            self._task = self._rich.add_task(self.desc, total=self.total, rate="", note="")
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -107,10 +108,12 @@ class Progress:
                   time.monotonic() - self._t0)
 
     # -- counting -------------------------------------------------------------------------
-    def update(self, n: int = 1) -> None:
-        """``n`` more units done."""
+    def update(self, n: int = 1, note: str | None = None) -> None:
+        """``n`` more units done; ``note`` (e.g. what runs now) is shown next to the count."""
         with self._lock:
             self.n += n
+            if note is not None:
+                self._note = note
             self._show()
 
     def advance_to(self, done: int, total: int | None = None) -> None:
@@ -151,7 +154,7 @@ class Progress:
         now = time.monotonic()
         if self._rich is not None:
             rate = self._rate(now)
-            self._rich.update(self._task, completed=self.n,
+            self._rich.update(self._task, completed=self.n, note=self._note,
                               rate=f"{_num(rate)} {self.unit}s/s" if rate else "")
             return
         due = now - self._last >= self.every_s
@@ -184,6 +187,8 @@ class Progress:
                 text += f", ETA {format_seconds((self.total - self.n) / rate)}"
             else:
                 text += f", {format_seconds(elapsed)} elapsed"
+            if self._note:
+                text += f"; {self._note}"
         print(text, file=self.file, flush=True)
 
 
