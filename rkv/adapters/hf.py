@@ -1,16 +1,18 @@
-"""rkv as the prefix cache of a Hugging Face causal LM (transformers is imported only here).
+"""rkv as the persistent prefix cache of a Hugging Face causal LM (transformers is imported
+only in the adapter modules).
 
-After a prefill the prompt's KV is stored by chunk; a later prompt that shares a prefix
-restores the stored KV from rkv and prefills only the rest::
+``HFPrefixCache.generate`` is ``model.generate`` with rkv under it: the longest stored
+prefix of the prompt is restored (verified), the rest prefilled, the usual generation
+arguments honoured, and the KV of the prompt *and* of the generated tokens stored, so the
+next turn of a conversation restores the model's own answer too::
 
     cache = HFPrefixCache(engine, model, model_id="SmolLM2-135M-Instruct")
-    out = cache.prefill(input_ids)        # restores what rkv has, computes the rest, stores
-    out.logits, out.restored_tokens, out.seconds
+    out = cache.generate(input_ids, max_new_tokens=32)
+    out.sequences, out.rows[0].restored, out.ttft
 
-Keys are stored after RoPE, exactly as the model's ``DynamicCache`` holds them
-(``layout="hf-dynamic-cache"`` in the model fingerprint), as ``[layers, 2, tokens, kv_heads,
-head_dim]`` in the cache's dtype; restoring them and continuing gives the logits a full prefill
-gives (tested).
+``prefill`` restores and computes a prompt's logits without generating. Keys are stored after
+RoPE, exactly as the model's ``DynamicCache`` holds them (``layout="hf-dynamic-cache"`` in the
+model fingerprint), as ``[layers, 2, tokens, kv_heads, head_dim]`` in the spec's dtype.
 """
 
 from __future__ import annotations
@@ -21,37 +23,39 @@ from typing import Any
 
 import numpy as np
 
+from rkv.adapters.hf_store import as_rows, model_dtype, resolve_spec, spec_for, stored_prefix
 from rkv.engine import Engine, GetResult
 from rkv.errors import ShapeError
 from rkv.model import ModelSpec
-
-_DTYPES = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32"}
 
 
 def model_spec(model: Any, model_id: str, *, revision: str = "", dtype: str | None = None
                ) -> ModelSpec:
     """The rkv model spec of a transformers causal LM (its KV layout and dtype)."""
-    cfg = model.config
-    heads = int(cfg.num_attention_heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    kv_dtype = dtype or _DTYPES.get(str(model.dtype), "float32")
-    return ModelSpec(model_id, n_layers=int(cfg.num_hidden_layers),
-                     n_kv_heads=int(getattr(cfg, "num_key_value_heads", heads)),
-                     head_dim=head_dim, dtype=kv_dtype, revision=revision,
-                     layout="hf-dynamic-cache")
+    return spec_for(model, model_id, revision=revision, dtype=dtype or model_dtype(model))
 
 
-def kv_from_cache(cache: Any) -> np.ndarray:
-    """``[layers, 2, tokens, kv_heads, head_dim]`` from a batch-1 ``DynamicCache``."""
+def kv_tensor(cache: Any, *, row: int = 0, start: int = 0, stop: int | None = None,
+              dtype: str | None = None) -> Any:
+    """``[layers, 2, tokens, kv_heads, head_dim]`` torch tensor of one row of a
+    ``DynamicCache`` (positions ``start:stop``), converted to ``dtype`` if given."""
     import torch
 
     layers = cache.layers
-    k0 = layers[0].keys
-    if k0.shape[0] != 1:
-        raise ShapeError("only batch size 1 caches can be stored")
-    stacked = torch.stack([torch.stack([la.keys[0], la.values[0]]) for la in layers])
-    # [L, 2, heads, T, D] -> [L, 2, T, heads, D]
-    out = stacked.permute(0, 1, 3, 2, 4).contiguous()
+    stacked = torch.stack([torch.stack([la.keys[row, :, start:stop],
+                                        la.values[row, :, start:stop]]) for la in layers])
+    out = stacked.permute(0, 1, 3, 2, 4)          # [L, 2, heads, T, D] -> [L, 2, T, heads, D]
+    if dtype is not None:
+        out = out.to(getattr(torch, dtype))
+    return out.contiguous()
+
+
+def kv_from_cache(cache: Any, *, row: int = 0, start: int = 0, stop: int | None = None,
+                  dtype: str | None = None) -> np.ndarray:
+    """:func:`kv_tensor` as a numpy array (bfloat16 as ``ml_dtypes.bfloat16``)."""
+    import torch
+
+    out = kv_tensor(cache, row=row, start=start, stop=stop, dtype=dtype)
     if out.dtype == torch.bfloat16:
         import ml_dtypes
 
@@ -59,17 +63,24 @@ def kv_from_cache(cache: Any) -> np.ndarray:
     return out.numpy()  # type: ignore[no-any-return]
 
 
-def cache_from_kv(kv: np.ndarray, config: Any = None) -> Any:
-    """A ``DynamicCache`` holding ``kv`` (``[layers, 2, tokens, kv_heads, head_dim]``)."""
+def as_torch_kv(kv: Any, dtype: Any = None) -> Any:
+    """A numpy (bfloat16 included) or torch KV array as a torch tensor in ``dtype``."""
     import torch
+
+    if isinstance(kv, np.ndarray):
+        a = np.ascontiguousarray(kv)
+        kv = (torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+              if a.dtype.name == "bfloat16" else torch.from_numpy(a))
+    return kv if dtype is None or kv.dtype == dtype else kv.to(dtype)
+
+
+def cache_from_kv(kv: Any, config: Any = None, *, dtype: Any = None) -> Any:
+    """A batch-1 ``DynamicCache`` holding ``kv`` (``[layers, 2, tokens, kv_heads, head_dim]``,
+    numpy or torch), converted to the torch ``dtype`` if given."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
-    if kv.dtype.name == "bfloat16":
-        t = torch.from_numpy(np.ascontiguousarray(kv).view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(kv))
-    t = t.permute(0, 1, 3, 2, 4)  # -> [L, 2, heads, T, D]
+    t = as_torch_kv(kv, dtype).permute(0, 1, 3, 2, 4)  # -> [L, 2, heads, T, D]
     for layer in range(t.shape[0]):
         cache.update(t[layer, 0].unsqueeze(0).contiguous(), t[layer, 1].unsqueeze(0).contiguous(),
                      layer)
@@ -83,18 +94,67 @@ class PrefillResult:
     restored_tokens: int        # prompt tokens whose KV came from rkv
     computed_tokens: int
     seconds: float
-    read: GetResult | None      # rkv's per-block report of the restore (None: nothing restored)
+    read: GetResult | None      # rkv's per-block report of the restore (None: nothing stored)
 
 
 class HFPrefixCache:
-    """Restore-then-prefill for a transformers causal LM, with rkv as the KV store."""
+    """rkv as the persistent prefix cache of a transformers causal LM.
 
-    def __init__(self, engine: Engine, model: Any, *, model_id: str, revision: str = "",
-                 store: bool = True) -> None:
+    Give ``model_id`` (the spec is read from the model's config, in ``kv_dtype``, default
+    the model's dtype) or ``spec`` (the store's :class:`ModelSpec`; KV is converted to its
+    dtype). A model that does not match the KV the store holds under that id raises
+    :class:`~rkv.errors.ShapeError` (see :func:`rkv.adapters.hf_store.resolve_spec`).
+    ``store=False``: restore only, never write.
+    """
+
+    def __init__(self, engine: Engine, model: Any, *, model_id: str | None = None,
+                 spec: ModelSpec | None = None, revision: str = "",
+                 kv_dtype: str | None = None, store: bool = True) -> None:
         self.engine = engine
         self.model = model
-        self.spec = model_spec(model, model_id, revision=revision)
+        self.spec = resolve_spec(engine, model, model_id=model_id, spec=spec,
+                                 revision=revision, kv_dtype=kv_dtype)
         self.store = store
+
+    def stored_prefix(self, tokens: Any) -> int:
+        """Tokens of ``tokens`` the store holds KV for (not verified; partial chunks count)."""
+        return stored_prefix(self.engine, tokens, self.spec)
+
+    def restore(self, tokens: list[int]) -> tuple[int, Any, GetResult | None]:
+        """``(n, cache, read)``: the verified KV of the longest stored prefix of all but the
+        last token (the model must compute at least one token to give the next-token logits)
+        as a ``DynamicCache`` in the model's dtype (None when ``n`` is 0), and rkv's read
+        report (None when nothing was stored). A block that fails verification ends the
+        prefix at its chunk: the rest is recomputed."""
+        m = stored_prefix(self.engine, tokens[:-1], self.spec) if len(tokens) > 1 else 0
+        if not m:
+            return 0, None, None
+        read = self.engine.get(tokens[:m], model=self.spec, as_torch=True)
+        n = read.n_tokens
+        if not n:
+            return 0, None, read
+        return n, cache_from_kv(read.kv[:, :, :n], self.model.config,
+                                dtype=self.model.dtype), read
+
+    def put(self, items: list[tuple[list[int], Any]]) -> int:
+        """Store ``(tokens, kv tensor in the model's dtype)`` items, converted to the spec's
+        dtype, in one mutation; returns the tokens stored (0 with ``store=False``)."""
+        if not self.store or not items:
+            return 0
+        import torch
+
+        want = getattr(torch, self.spec.dtype)
+        self.engine.put_many([(t, kv.to(want)) for t, kv in items], model=self.spec)
+        return sum(len(t) for t, _ in items)
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, *, restore: bool = True,
+                 **kwargs: Any) -> Any:
+        """``model.generate`` with rkv as the prefix cache: see
+        :func:`rkv.adapters.hf_generate.generate`. Returns a
+        :class:`~rkv.adapters.hf_generate.GenerateResult`."""
+        from rkv.adapters.hf_generate import generate
+
+        return generate(self, input_ids, attention_mask, restore=restore, **kwargs)
 
     def prefill(self, input_ids: Any, *, stream: bool = False) -> PrefillResult:
         """Prefill ``input_ids`` (``[1, T]`` tensor or a list of ints) reusing stored KV.
@@ -103,27 +163,23 @@ class HFPrefixCache:
         out shorter than the stored prefix (a lost block) falls back to a full restore."""
         import torch
 
-        ids = torch.as_tensor(input_ids).reshape(1, -1)
-        tokens = ids[0].tolist()
-        if not tokens:
-            raise ShapeError("empty prompt")
+        rows = as_rows(input_ids)
+        if len(rows) != 1:
+            raise ShapeError(f"prefill takes one prompt, got {len(rows)} (generate takes many)")
+        tokens = rows[0]
+        ids = torch.tensor([tokens])
         t0 = time.perf_counter()
         if stream and len(tokens) > 1:
             got = self._prefill_streamed(ids, tokens, t0)
             if got is not None:
                 return got
-        # Keep at least one token to compute: the model must produce the next-token logits.
-        read = self.engine.get(tokens[:-1], model=self.spec) if len(tokens) > 1 else None
-        restored = read.n_tokens if read is not None else 0
-        cache = cache_from_kv(read.kv, self.model.config) if restored and read else None
+        restored, cache, read = self.restore(tokens)
         with torch.no_grad():
             out = self.model(ids[:, restored:], cache=cache, use_cache=True)
-        cache = out.past_key_values
+        cache = out.cache
         seconds = time.perf_counter() - t0
-        if self.store:
-            self.engine.put(tokens, kv_from_cache(cache), model=self.spec)
-        return PrefillResult(out.logits, cache, restored, len(tokens) - restored, seconds,
-                             read if restored else None)
+        self.put([(tokens, kv_tensor(cache))])
+        return PrefillResult(out.logits, cache, restored, len(tokens) - restored, seconds, read)
 
     def _prefill_streamed(self, ids: Any, tokens: list[int], t0: float
                           ) -> PrefillResult | None:
@@ -132,7 +188,10 @@ class HFPrefixCache:
 
         from rkv.adapters.hf_stream import streamed_cache
 
-        with self.engine.get_layers(tokens[:-1], model=self.spec) as st:
+        m = stored_prefix(self.engine, tokens[:-1], self.spec)
+        if not m:
+            return None
+        with self.engine.get_layers(tokens[:m], model=self.spec) as st:
             restored = st.n_tokens
             if not restored:
                 return None
@@ -145,7 +204,8 @@ class HFPrefixCache:
                 return lk.layer, lk.kv
 
             try:
-                cache = streamed_cache(self.model.config, self.spec.n_layers, pull)
+                cache = streamed_cache(self.model.config, self.spec.n_layers, pull,
+                                       self.model.dtype)
                 with torch.no_grad():
                     out = self.model(ids[:, restored:], cache=cache, use_cache=True)
                 cache.finish()
@@ -154,9 +214,8 @@ class HFPrefixCache:
             except _Shrunk:
                 return None
         seconds = time.perf_counter() - t0
-        cache = out.past_key_values
-        if self.store:
-            self.engine.put(tokens, kv_from_cache(cache), model=self.spec)
+        cache = out.cache
+        self.put([(tokens, kv_tensor(cache))])
         read = GetResult(restored, None, list(st.blocks), st.stored_tokens)
         return PrefillResult(out.logits, cache, restored, len(tokens) - restored, seconds, read)
 

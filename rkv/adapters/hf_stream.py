@@ -22,18 +22,15 @@ from rkv.errors import IntegrityError
 Pull = Callable[[], tuple[int, np.ndarray]]
 
 
-def _tensor(kv: np.ndarray) -> Any:
-    import torch
+def _tensor(kv: np.ndarray, dtype: Any) -> Any:
+    from rkv.adapters.hf import as_torch_kv
 
-    if kv.dtype.name == "bfloat16":
-        t = torch.from_numpy(np.ascontiguousarray(kv).view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(kv))
-    return t.permute(0, 2, 1, 3)        # [2, T, heads, D] -> [2, heads, T, D]
+    return as_torch_kv(kv, dtype).permute(0, 2, 1, 3)   # [2, T, heads, D] -> [2, heads, T, D]
 
 
-def streamed_cache(config: Any, n_layers: int, pull: Pull) -> Any:
-    """A :class:`StreamedCache` (built lazily: transformers is imported only here)."""
+def streamed_cache(config: Any, n_layers: int, pull: Pull, dtype: Any = None) -> Any:
+    """A :class:`StreamedCache` (built lazily: transformers is imported only here); the
+    layers are converted to the torch ``dtype`` if given (the model's)."""
     from transformers import DynamicCache
 
     class StreamedCache(DynamicCache):   # type: ignore[misc]
@@ -48,7 +45,7 @@ def streamed_cache(config: Any, n_layers: int, pull: Pull) -> Any:
                 if got != self._loaded:
                     raise IntegrityError(f"layer stream gave layer {got}, expected "
                                          f"{self._loaded}")
-                t = _tensor(kv)
+                t = _tensor(kv, dtype)
                 DynamicCache.update(self, t[0].unsqueeze(0).contiguous(),
                                     t[1].unsqueeze(0).contiguous(), got)
                 self._loaded += 1

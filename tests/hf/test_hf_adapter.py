@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hf_helpers import corrupt
 from rkvtest import local_config, tiny_llama
 
 torch = pytest.importorskip("torch")
@@ -20,28 +21,15 @@ def tiny() -> object:
     return tiny_llama()
 
 
-def corrupt(e: Engine, pc: HFPrefixCache, ids: object, *, chunk: int, layer: int) -> None:
-    """Flip a payload bit of one stored block (its checksum then fails)."""
-    from rkv.keys import as_token_array, block_key, chunk_keys
-    from rkv.record import decode_record
-
-    tier = e.tiers["dram"]
-    key = block_key(chunk_keys(as_token_array(ids[0].tolist()),  # type: ignore[index]
-                               pc.spec.fingerprint(), 16)[chunk], layer)
-    rec = bytearray(tier.get(key) or b"")
-    rec[decode_record(rec).header_bytes + 11] ^= 0x40
-    tier.put(key, rec)
-
-
 def test_cache_round_trip_gives_identical_logits(tiny: object) -> None:
     model = tiny
     ids = torch.randint(0, 97, (1, 40))
     with torch.no_grad():
         pre = model(ids[:, :32], use_cache=True)
-        kv = kv_from_cache(pre.past_key_values)
+        kv = kv_from_cache(pre.cache)
         assert kv.shape == (2, 2, 32, 2, 16) and kv.dtype == np.float32
         a = model(ids[:, 32:], cache=cache_from_kv(kv, model.config), use_cache=True).logits
-        b = model(ids[:, 32:], cache=pre.past_key_values, use_cache=True).logits
+        b = model(ids[:, 32:], cache=pre.cache, use_cache=True).logits
     assert torch.equal(a, b)
 
 
@@ -53,12 +41,12 @@ def test_prefix_cache_restores_and_matches_a_fresh_prefill(tiny: object, tmp_pat
         pc = HFPrefixCache(e, model, model_id="tiny-llama")
         cold = pc.prefill(ids[:, :40])
         assert cold.restored_tokens == 0 and cold.computed_tokens == 40
-        warm = pc.prefill(ids)
-        assert warm.restored_tokens == 32 and warm.computed_tokens == 18
+        warm = pc.prefill(ids)      # 2 full chunks and the first prompt's 8-token tail
+        assert warm.restored_tokens == 40 and warm.computed_tokens == 10
         assert warm.read is not None and warm.read.ok
         with torch.no_grad():
             full = model(ids, use_cache=True).logits
-        torch.testing.assert_close(warm.logits[0], full[0, 32:], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(warm.logits[0], full[0, 40:], rtol=1e-4, atol=1e-5)
         again = pc.prefill(ids)                      # everything but the last token is stored
         assert again.restored_tokens == 48
         torch.testing.assert_close(again.logits[0, -1], full[0, -1], rtol=1e-4, atol=1e-5)
@@ -74,7 +62,7 @@ def test_corrupt_stored_kv_is_recomputed_not_used(tiny: object, tmp_path: Path) 
     with Engine.open(tmp_path / "s", local_config(16, repair=False)) as e:
         pc = HFPrefixCache(e, model, model_id="tiny-llama")
         pc.prefill(ids)
-        corrupt(e, pc, ids, chunk=0, layer=1)
+        corrupt(e, pc.spec, ids[0].tolist(), chunk=0, layer=1)
         warm = pc.prefill(ids)
         assert warm.restored_tokens == 0            # the broken chunk ends the reuse
         with torch.no_grad():
@@ -91,10 +79,10 @@ def test_a_streamed_restore_gives_the_full_restores_logits(tiny: object, tmp_pat
         HFPrefixCache(e, model, model_id="tiny-llama").prefill(ids[:, :50])
         full = pc.prefill(ids)
         streamed = pc.prefill(ids, stream=True)
-        assert streamed.restored_tokens == full.restored_tokens == 48
+        assert streamed.restored_tokens == full.restored_tokens == 50   # 48 + a 2-token tail
         assert torch.equal(streamed.logits, full.logits)
         assert streamed.read is not None and streamed.read.ok
-        assert len(streamed.read.blocks) == 3 * 2        # 3 chunks x 2 layers
+        assert len(streamed.read.blocks) == 4 * 2        # 4 chunks x 2 layers
         for la, lb in zip(streamed.cache.layers, full.cache.layers, strict=True):
             assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
 
@@ -106,7 +94,7 @@ def test_a_streamed_restore_that_meets_a_lost_block_falls_back(tiny: object, tmp
     with Engine.open(tmp_path / "s", local_config(16, repair=False)) as e:
         pc = HFPrefixCache(e, model, model_id="tiny-llama")
         pc.prefill(ids)
-        corrupt(e, pc, ids, chunk=1, layer=1)        # after layer 0 ran
+        corrupt(e, pc.spec, ids[0].tolist(), chunk=1, layer=1)        # after layer 0 ran
         warm = pc.prefill(ids, stream=True)
         assert warm.restored_tokens == 16           # the verified chunk before it
         with torch.no_grad():
