@@ -380,18 +380,3 @@ def cmd_calibrate(args: Any) -> int:
         print(f"  {kind.upper()}: mean KL " + ", ".join(
             f"{b} bits {prof.mean_kl(kind, b):.3g}" for b in BITS))
     return 0
-
-
-def register(sub: Any) -> None:
-    """``rkv calibrate`` (registered through :mod:`rkv.commands`)."""
-    cal = sub.add_parser("calibrate", help="quality profile of SmolLM2-135M: KL per layer's "
-                                           "K and V at 8/4/2 bits (docs/calibration.md)")
-    cal.add_argument("--windows", type=int, default=24, help="text windows (576 tokens)")
-    cal.add_argument("--text", default="topics,docs", help="sources: topics, docs or both")
-    cal.add_argument("--out", default="smollm2-135m.json", help="profile file to write")
-    cal.add_argument("--cache", default=None, help="resume file (JSON Lines; default under "
-                                                   "~/.cache/rkv)")
-    cal.add_argument("--limit", type=int, default=None, help="measure only the first N")
-    cal.add_argument("--threads", type=int, default=2)
-    cal.add_argument("--quiet", action="store_true", help="no progress output")
-    cal.set_defaults(fn=cmd_calibrate)

@@ -1,24 +1,50 @@
-"""Top-level subcommands that live outside :mod:`rkv.cli`: each entry of :data:`COMMANDS` is
-``"module:function"``, and the function registers its parser(s) on the top-level subparsers.
-Add a command by appending its entry here (``rkv.cli`` stays small)."""
+"""The registry of ``rkv`` subcommands: name -> (``"module:attr"`` of a click command, short
+help). :mod:`rkv.cli` imports a command's module only when it runs, so the heavy modules
+(torch, numba) stay out of ``rkv --help``. Add a command by adding its entry here (and to a
+section); ``tests/test_cli_conventions.py`` checks that each short help matches its command.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("rkv.clicmds.store:init_cmd", "create a store from an engine config (TOML)"),
+    "info": ("rkv.clicmds.store:info_cmd",
+             "show tiers, usage, blocks and model fingerprints"),
+    "verify": ("rkv.clicmds.store:verify_cmd",
+               "read and check every record; exit 1 if corrupt"),
+    "scrub": ("rkv.scrub_cli:scrub_cmd",
+              "patrol-scrub a store: correct, refresh, repair or drop blocks"),
+    "migrate": ("rkv.clicmds.store:migrate_cmd",
+                "upgrade a store's index to the current format"),
+    "destroy": ("rkv.clicmds.store:destroy_cmd",
+                "delete a store and its tier files kept outside it"),
+    "demo": ("rkv.clicmds.store:demo_cmd",
+             "store and reload KV for prompts with shared prefixes"),
+    "campaign": ("rkv.clicmds.campaign:campaign_cmd",
+                 "fault-injection campaign through the real engine"),
+    "validate": ("rkv.clicmds.campaign:validate_cmd",
+                 "campaigns against the analytic model; exit 1 if a cell disagrees"),
+    "faultmodels": ("rkv.clicmds.faultmodels:faultmodels_cmd",
+                    "list the fault-model presets and their parameters"),
+    "plan": ("rkv.placement.cli:plan_cmd",
+             "print the placement plan of a put (tier, bits, code per block, and why)"),
+    "quality": ("rkv.clicmds.quality:quality_cmd",
+                "quality of KV through rkv on SmolLM2-135M (bits, faults, ECC)"),
+    "calibrate": ("rkv.clicmds.calibrate:calibrate_cmd",
+                  "quality profile of SmolLM2-135M: KL per layer's K and V at 8/4/2 bits"),
+    "sweep": ("rkv.sweep.cli:sweep_cmd",
+              "a quality-versus-reliability sweep; resumable, on a process pool or Ray"),
+    "report": ("rkv.sweep.report_cli:report_cmd",
+               "Pareto plots, markdown report and summary of a sweep's results"),
+    "replay": ("rkv.clicmds.replay:replay_cmd",
+               "replay a request trace through eviction policies (or --moe: experts)"),
+    "moe": ("rkv.moe.cli:moe_group", "SmolLM2-135M as a mixture of experts (trace, run)"),
+}
 
-COMMANDS: list[str] = [
-    "rkv.calibrate:register",
-    "rkv.placement.cli:register",
-    "rkv.moe.cli:add_moe_parser",
-    "rkv.sweep.report_cli:register",
-    "rkv.sweep.cli:register",
-    "rkv.scrub_cli:register",
-]
-
-
-def register_all(sub: Any) -> None:
-    """Register every command of :data:`COMMANDS` on ``sub``."""
-    for entry in COMMANDS:
-        module, _, name = entry.partition(":")
-        getattr(importlib.import_module(module), name)(sub)
+#: How ``rkv --help`` groups the commands.
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Stores", ("init", "info", "verify", "scrub", "migrate", "destroy", "demo")),
+    ("Reliability", ("campaign", "validate", "faultmodels", "plan")),
+    ("Quality", ("quality", "calibrate", "sweep", "report")),
+    ("Workloads", ("replay", "moe")),
+)

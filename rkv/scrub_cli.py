@@ -2,42 +2,47 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import math
 import sys
 import threading
 from typing import Any
 
+import click
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "scrub", help="patrol-scrub a store: correct, refresh, repair or drop blocks",
-        description="Read every stored block within a bandwidth budget, riskiest first "
-                    "(age against its tier's refresh age, corrections seen); rewrite corrected "
-                    "and aged blocks, rebuild uncorrectable ones from a copy in another tier "
-                    "or drop their chunk. Readers and writers keep going meanwhile.")
-    p.add_argument("path", help="store directory")
-    p.add_argument("--tier", action="append", default=None,
-                   help="scrub only this tier (repeatable; default: all)")
-    p.add_argument("--budget", type=float, default=None, metavar="MB/s",
-                   help="read bandwidth limit (default: unlimited)")
-    p.add_argument("--once", action="store_true",
-                   help="one pass, then exit (default: a pass every --interval hours)")
-    p.add_argument("--interval", type=float, default=None, metavar="HOURS",
-                   help="time between pass starts (default: the shortest scrub interval of "
-                        "the tiers' schedules, see `rkv info`)")
-    p.add_argument("--refresh-hours", type=float, default=None, metavar="HOURS",
-                   help="rewrite blocks older than this (default: per tier, from its fault "
-                        "model and the store's scrub_target_p_due)")
-    p.add_argument("--margin", type=int, default=1,
-                   help="rewrite a block when its read corrected at least this many symbols")
-    p.add_argument("--json", action="store_true", help="print each pass's report as JSON")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_scrub)
+from rkv.clicmds import STORE_PATH, call, command, json_flag, quiet_flag
+
+log = logging.getLogger(__name__)
 
 
-def cmd_scrub(args: argparse.Namespace) -> int:
+@command("scrub")
+@click.argument("path", type=STORE_PATH)
+@click.option("--tier", multiple=True, help="scrub only this tier (repeatable)  [default: all]")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="MB/s", help="read bandwidth limit  [default: unlimited]")
+@click.option("--once", is_flag=True,
+              help="one pass, then exit  [default: a pass every --interval hours]")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="HOURS", help="time between pass starts  [default: the shortest scrub "
+              "interval of the tiers' schedules, see `rkv info --schedule`]")
+@click.option("--refresh-hours", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="HOURS", help="rewrite blocks older than this  [default: per tier, from "
+              "its fault model and the store's scrub_target_p_due]")
+@click.option("--margin", type=click.IntRange(min=1), default=1,
+              help="rewrite a block when its read corrected at least this many symbols")
+@json_flag("print each pass's report as JSON")
+@quiet_flag("no progress bar")
+def scrub_cmd(**kw: Any) -> int:
+    """Patrol-scrub a store: read every stored block within a bandwidth budget, riskiest
+    first (age against its tier's refresh age, corrections seen); rewrite corrected and aged
+    blocks, rebuild uncorrectable ones from a copy in another tier or drop their chunk.
+    Readers and writers keep going meanwhile. Exit 1 if a pass lost data."""
+    kw["tier"] = list(kw["tier"]) or None
+    return call(cmd_scrub, **kw)
+
+
+def cmd_scrub(args: Any) -> int:
     from rkv.engine import Engine
     from rkv.scrub import Scrubber, ScrubConfig
 
@@ -75,17 +80,9 @@ def cmd_scrub(args: argparse.Namespace) -> int:
 
 
 def _one_pass(scrubber: Any, quiet: bool) -> Any:
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from rkv.ui import Progress
 
-    bar = tqdm(total=0, unit="block", desc="scrub", disable=quiet or None, file=sys.stderr)
-
-    def progress(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
-        bar.update(done - bar.n)
-
-    scrubber.progress = progress
-    try:
+    log.info("scrub pass starting")
+    with Progress("scrub", None, unit="block", quiet=quiet) as bar:
+        scrubber.progress = bar.advance_to
         return scrubber.run()
-    finally:
-        bar.close()

@@ -193,10 +193,10 @@ def test_block_bits_count_the_metadata() -> None:
 
 
 def test_cli_has_calibrate() -> None:
-    from rkv.cli import build_parser
+    from rkv.clicmds.calibrate import calibrate_cmd
 
-    args = build_parser().parse_args(["calibrate", "--windows", "2", "--out", "x.json"])
-    assert args.windows == 2 and args.out == "x.json" and callable(args.fn)
+    ctx = calibrate_cmd.make_context("calibrate", ["--windows", "2", "--out", "x.json"])
+    assert ctx.params["windows"] == 2 and ctx.params["out"] == "x.json"
 
 
 # -- a small real measurement on the model (1 window, 2 layers) ----------------------------

@@ -3,33 +3,62 @@ with and without scrubbing, side by side."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
+
+import click
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def add_time_args(camp: argparse.ArgumentParser) -> None:
-    g = camp.add_argument_group("over time (--days)")
-    g.add_argument("--days", type=float, default=None,
-                   help="simulate a store over this many days instead of one residency: "
-                        "blocks written, aging, read at the end of their residency, with "
-                        "and without scrubbing (--trials: stores, default 4; --blocks: "
-                        "blocks kept in it, default 32)")
-    g.add_argument("--scrub", default="auto", metavar="HOURS|auto",
-                   help="scrub interval (auto: the tier's schedule at --target)")
-    g.add_argument("--refresh-hours", dest="refresh_hours", type=float, default=None,
-                   help="the scrubber's refresh age (default: the tier's schedule)")
-    g.add_argument("--residency-hours", dest="residency_hours", type=float, default=None,
-                   help="mean residency of a block (exponential; default per tier: dram 1 h, "
-                        "cxl 8 h, nvme 7 days)")
-    g.add_argument("--target", type=float, default=1e-9,
-                   help="P(DUE) per block the schedule meets")
+def _scrub_hours(ctx: click.Context, param: click.Parameter, value: str) -> str | float:
+    """``--scrub``: 'auto' or positive hours, checked before any work."""
+    if value == "auto":
+        return value
+    try:
+        hours = float(value)
+    except ValueError:
+        raise click.BadParameter(f"--scrub expects hours or 'auto', got {value!r}") from None
+    if not (0 < hours < math.inf):
+        raise click.BadParameter(f"--scrub expects hours > 0 or 'auto', got {value!r}")
+    return hours
 
 
-def run_time_campaign(args: argparse.Namespace, campaign: Any) -> int:
+_TIME_OPTIONS = [
+    click.option("--days", type=click.FloatRange(min=0, min_open=True), default=None,
+                 help="simulate a store over this many days instead of one residency: blocks "
+                      "written, aging, read at the end of their residency, with and without "
+                      "scrubbing (--trials: stores, default 4; --blocks: blocks kept in it, "
+                      "default 32)"),
+    click.option("--scrub", default="auto", metavar="HOURS|auto", callback=_scrub_hours,
+                 help="with --days: scrub interval (auto: the tier's schedule at --target)"),
+    click.option("--refresh-hours", type=click.FloatRange(min=0, min_open=True), default=None,
+                 help="with --days: the scrubber's refresh age  [default: the tier's "
+                      "schedule]"),
+    click.option("--residency-hours", type=click.FloatRange(min=0, min_open=True),
+                 default=None, help="with --days: mean residency of a block (exponential)  "
+                 "[default per tier: dram 1 h, cxl 8 h, nvme 7 days]"),
+    click.option("--target", type=click.FloatRange(min=0, max=1, min_open=True,
+                                                   max_open=True),
+                 default=1e-9, help="with --days: P(DUE) per block the schedule meets"),
+]
+
+
+def time_options(f: F) -> F:
+    """The ``--days`` options of ``rkv campaign``."""
+    for option in reversed(_TIME_OPTIONS):
+        f = option(f)
+    return f
+
+
+def run_time_campaign(args: Any, campaign: Any) -> int:
+    """Run ``campaign`` over ``args.days`` without and with scrubbing; print or --json."""
     from rkv.errors import ConfigError
     from rkv.faults.overtime import OverTimeConfig, run_over_time
     from rkv.faults.schedule import schedule
@@ -53,10 +82,7 @@ def run_time_campaign(args: argparse.Namespace, campaign: Any) -> int:
             raise ConfigError(f"the schedule gives no finite scrub interval "
                               f"({sched.scrub_hours}); give --scrub HOURS")
     else:
-        try:
-            interval = float(args.scrub)
-        except ValueError:
-            raise ConfigError(f"--scrub expects hours or 'auto', got {args.scrub!r}") from None
+        interval = float(args.scrub)
     refresh = args.refresh_hours
     if refresh is None and sched is not None:
         refresh = float(sched.refresh_hours) if sched.refresh_hours > 0 else math.inf

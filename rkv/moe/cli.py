@@ -1,19 +1,35 @@
 """``rkv moe ...``: the MoE model's command group.
 
-:func:`add_moe_parser` registers ``moe`` on the top-level subparsers; each subcommand is one
-``_add_<name>`` function registered in :data:`SUBCOMMANDS` (add a new one by appending its
-function there). Heavy imports (torch, transformers) happen inside the commands.
+:data:`moe_group` is the ``moe`` click group; its subcommands are listed in
+:data:`SUBCOMMANDS` and imported when run (add one there). Heavy imports (torch,
+transformers) happen inside the commands.
 """
 
 from __future__ import annotations
 
-import argparse
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, TypeVar
 
+import click
+
+from rkv.cli import LazyGroup
+from rkv.commands import COMMANDS
 from rkv.errors import InputError
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``rkv moe`` subcommands: name -> ("module:attr", short help), imported when run.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "trace": ("rkv.moe.cli:trace_cmd",
+              "record per-token routing of SmolLM2-135M-MoE over text"),
+    "run": ("rkv.moe.run:run_cmd", "generate text with the MoE model's experts streamed "
+            "from an rkv store"),
+}
 
 
 def _log(quiet: bool) -> Callable[[str], None]:
@@ -23,54 +39,57 @@ def _log(quiet: bool) -> Callable[[str], None]:
     return log
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    """Arguments every subcommand that loads the MoE model takes."""
-    p.add_argument("--experts", type=int, default=8, help="experts per layer (divides 1536)")
-    p.add_argument("--top-k", type=int, default=2, help="experts per token and layer")
-    p.add_argument("--cache-dir", default=None,
-                   help="where the fit is cached (default ~/.cache/rkv/moe)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+def model_options(threads: int = 2) -> Callable[[F], F]:
+    """Options of every subcommand that loads the MoE model."""
+    options = [
+        click.option("--experts", type=click.IntRange(min=1), default=8,
+                     help="experts per layer (divides 1536)"),
+        click.option("--top-k", type=click.IntRange(min=1), default=2,
+                     help="experts per token and layer"),
+        click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+                     help="where the fit is cached  [default: ~/.cache/rkv/moe]"),
+        click.option("--threads", type=click.IntRange(min=1), default=threads,
+                     help="compute threads"),
+        click.option("-q", "--quiet", is_flag=True, help="no progress output"),
+    ]
+
+    def deco(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return deco
 
 
-def _add_trace(sub: Any) -> None:
-    p = sub.add_parser("trace", help="record per-token routing of SmolLM2-135M-MoE over text "
-                                     "(JSON Lines; docs/moe.md)")
-    _add_model_args(p)
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--text", metavar="FILE", help="a UTF-8 text file to run")
-    src.add_argument("--topics", type=int, metavar="N", default=None,
-                     help="N held-out windows of pydoc_data.topics (default 4)")
-    p.add_argument("--window", type=int, default=256,
-                   help="tokens per forward (each window starts a fresh context)")
-    p.add_argument("--scores", action="store_true", help="also record router scores")
-    p.add_argument("--hints", action="store_true",
-                   help="also record speculative routing (layer l's router on layer l-1's "
-                        "MLP input, per token)")
-    p.add_argument("--out", required=True, help="trace file to write")
-    p.set_defaults(fn=cmd_trace)
+@click.command("trace", short_help=SUBCOMMANDS["trace"][1])
+@model_options()
+@click.option("--text", type=click.Path(exists=True, dir_okay=False), default=None,
+              metavar="FILE", help="a UTF-8 text file to run")
+@click.option("--topics", type=click.IntRange(min=1), default=None, metavar="N",
+              help="N held-out windows of pydoc_data.topics  [default: 4]")
+@click.option("--window", type=click.IntRange(min=1), default=256,
+              help="tokens per forward (each window starts a fresh context)")
+@click.option("--scores", is_flag=True, help="also record router scores")
+@click.option("--hints", is_flag=True,
+              help="also record speculative routing (layer l's router on layer l-1's MLP "
+                   "input, per token)")
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="trace file to write")
+def trace_cmd(**kw: Any) -> int:
+    """Record the per-token expert routing of SmolLM2-135M-MoE over text as JSON Lines
+    (docs/moe.md)."""
+    if kw["text"] is not None and kw["topics"] is not None:
+        raise click.UsageError("--text and --topics exclude each other")
+    return cmd_trace(SimpleNamespace(**kw))
 
 
-def _add_run(sub: Any) -> None:
-    from rkv.moe.run import add_run
-
-    add_run(sub)
-
-
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_trace, _add_run]
+@click.group("moe", cls=LazyGroup, registry=SUBCOMMANDS, short_help=COMMANDS["moe"][1])
+def moe_group() -> None:
+    """SmolLM2-135M as a mixture of experts: routing traces and generation with experts
+    streamed from an rkv store (docs/moe.md)."""
 
 
-def add_moe_parser(sub: Any) -> argparse.ArgumentParser:
-    """Register ``moe`` and its subcommands on ``sub`` (an argparse subparsers object)."""
-    p: argparse.ArgumentParser = sub.add_parser(
-        "moe", help="SmolLM2-135M as a mixture of experts (docs/moe.md)")
-    moe_sub = p.add_subparsers(dest="moe_command", required=True)
-    for add in SUBCOMMANDS:
-        add(moe_sub)
-    return p
-
-
-def _read_text(args: argparse.Namespace) -> str | None:
+def _read_text(args: Any) -> str | None:
     if args.window < 1:
         raise InputError("--window must be positive")
     if args.topics is not None and args.topics < 1:
@@ -83,7 +102,7 @@ def _read_text(args: argparse.Namespace) -> str | None:
         raise InputError(f"{args.text}: cannot read text: {exc}") from exc
 
 
-def _windows(args: argparse.Namespace, text: str | None, tok: Any) -> list[list[int]]:
+def _windows(args: Any, text: str | None, tok: Any) -> list[list[int]]:
     from rkv.moe.model import heldout_text
 
     if text is not None:
@@ -94,7 +113,7 @@ def _windows(args: argparse.Namespace, text: str | None, tok: Any) -> list[list[
     return heldout_text(tok, 4 if args.topics is None else args.topics, args.window)
 
 
-def cmd_trace(args: argparse.Namespace) -> int:
+def cmd_trace(args: Any) -> int:
     from rkv.moe.model import load_moe_smollm2
     from rkv.moe.trace import MoETraceWriter
 

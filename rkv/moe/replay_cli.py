@@ -1,21 +1,24 @@
 """``rkv replay --moe TRACE``: the command line, tables, JSON and plot of the expert replay
 (:mod:`rkv.moe.replay`).
 
-:func:`register` adds the MoE options to the ``replay`` parser and wraps its handler: with
-``--moe`` the positional trace is a routing trace (or ``synthetic:PRESET[:TOKENS[:SEED]]``,
-generated in memory), otherwise ``rkv replay`` runs as before (and refuses the MoE options).
+:func:`moe_options` adds the MoE options to the ``replay`` command and :func:`dispatch` picks
+the replay: with ``--moe`` the positional trace is a routing trace (or
+``synthetic:PRESET[:TOKENS[:SEED]]``, generated in memory), otherwise ``rkv replay`` runs as
+before (and refuses the MoE options).
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
+import logging
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import click
 
 from rkv.errors import ConfigError, InputError
 from rkv.moe.replay import (
@@ -36,6 +39,8 @@ from rkv.moe.replay import (
     source_tier,
 )
 
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
 _MOE_ONLY = ("budget", "prefetch", "per_layer", "shape", "bits", "source", "compute_us",
              "width")
 _KV_ONLY: dict[str, Any] = {
@@ -44,43 +49,61 @@ _KV_ONLY: dict[str, Any] = {
     "recompute_tps": None, "bandwidth": 20.0, "latency": 0.1}
 
 
-def register(rep: argparse.ArgumentParser) -> None:
+_MOE_OPTIONS = [
+    click.option("--moe", is_flag=True,
+                 help="TRACE is a MoE routing trace (rkv-moe-trace JSON Lines) or "
+                      "synthetic:PRESET[:TOKENS[:SEED]]: replay expert caching and prefetch"),
+    click.option("--budget", multiple=True, metavar="B",
+                 help="with --moe: device cache, a share of all experts (10%, 0.1) or bytes "
+                      "(4GiB); repeatable  [default: 10% 25% 50%]"),
+    click.option("--prefetch", multiple=True, metavar="LIST",
+                 help="with --moe: prefetchers, comma-separated: none, cooccur[(min_p=..)], "
+                      "hints  [default: all; hints only on traces that carry them]"),
+    click.option("--per-layer", is_flag=True, default=None,
+                 help="with --moe: one cache per layer (budget split evenly) instead of one "
+                      "global"),
+    click.option("--shape", default=None, metavar="PRESET",
+                 help="with --moe: expert bytes from a preset: mixtral-8x7b, olmoe-1b-7b, "
+                      "qwen3-30b-a3b, deepseek-v2-lite (same experts per layer)"),
+    click.option("--bits", type=click.Choice(["16", "8", "4"]), default=None,
+                 help="with --moe and --shape: bits per weight  [default: 16]"),
+    click.option("--source", default=None, metavar="TIER",
+                 help="with --moe: where misses load from: dram, cxl, nvme or NAME@GBPS/US  "
+                      "[default: dram, 20 GB/s, 0.1 us]"),
+    click.option("--compute-us", type=click.FloatRange(min=0), default=None, metavar="US",
+                 help="with --moe: compute per layer that a prefetch overlaps  "
+                      "[default: 1000]"),
+    click.option("--width", type=click.IntRange(min=1), default=None, metavar="N",
+                 help="with --moe: experts prefetched per layer at most  [default: top-k]"),
+]
+
+
+def moe_options(f: F) -> F:
     """Add ``--moe`` and its options to ``rkv replay``."""
-    g = rep.add_argument_group("MoE expert replay (with --moe)")
-    g.add_argument("--moe", action="store_true",
-                   help="TRACE is a MoE routing trace (rkv-moe-trace JSON Lines) or "
-                        "synthetic:PRESET[:TOKENS[:SEED]]: replay expert caching and prefetch")
-    g.add_argument("--budget", action="append", default=None, metavar="B",
-                   help="device cache: a share of all experts (10%%, 0.1) or bytes (4GiB); "
-                        "repeatable (default: 10%% 25%% 50%%)")
-    g.add_argument("--prefetch", action="append", default=None, metavar="LIST",
-                   help="prefetchers, comma-separated: none, cooccur[(min_p=..)], hints "
-                        "(default: all; hints only on traces that carry them)")
-    g.add_argument("--per-layer", dest="per_layer", action="store_true", default=None,
-                   help="one cache per layer (budget split evenly) instead of one global")
-    g.add_argument("--shape", default=None, metavar="PRESET",
-                   help="expert bytes from a preset: mixtral-8x7b, olmoe-1b-7b, "
-                        "qwen3-30b-a3b, deepseek-v2-lite (same experts per layer)")
-    g.add_argument("--bits", type=int, default=None, choices=[16, 8, 4],
-                   help="with --shape: bits per weight (default 16)")
-    g.add_argument("--source", default=None, metavar="TIER",
-                   help="where misses load from: dram, cxl, nvme or NAME@GBPS/US "
-                        "(default dram: 20 GB/s, 0.1 us)")
-    g.add_argument("--compute-us", dest="compute_us", type=float, default=None, metavar="US",
-                   help="compute per layer that a prefetch overlaps (default 1000)")
-    g.add_argument("--width", type=int, default=None, metavar="N",
-                   help="experts prefetched per layer at most (default: top-k)")
-    fallback = rep.get_default("fn")
+    for option in reversed(_MOE_OPTIONS):
+        f = option(f)
+    return f
 
-    def dispatch(args: argparse.Namespace) -> int:
-        if args.moe:
-            return cli_moe_replay(args)
-        given = [f"--{n.replace('_', '-')}" for n in _MOE_ONLY if getattr(args, n) is not None]
-        if given:
-            raise ConfigError(f"{', '.join(given)}: only with --moe")
-        return int(fallback(args))
 
-    rep.set_defaults(fn=dispatch)
+def moe_params(kw: dict[str, Any]) -> dict[str, Any]:
+    """The MoE options as the replay reads them: None when not given."""
+    kw = dict(kw)
+    kw["budget"] = list(kw["budget"]) or None
+    kw["prefetch"] = list(kw["prefetch"]) or None
+    kw["per_layer"] = kw["per_layer"] or None
+    kw["bits"] = None if kw["bits"] is None else int(kw["bits"])
+    return kw
+
+
+def dispatch(args: Any, kv_replay: Callable[[Any], int]) -> int:
+    """``rkv replay``: the MoE replay with ``--moe``, else ``kv_replay`` (which refuses the
+    MoE options)."""
+    if args.moe:
+        return cli_moe_replay(args)
+    given = [f"--{n.replace('_', '-')}" for n in _MOE_ONLY if getattr(args, n) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: only with --moe")
+    return int(kv_replay(args))
 
 
 def load(text: str, limit: int | None = None) -> MoETrace:
@@ -121,7 +144,7 @@ def apply_shape(trace: MoETrace, shape: str | None, bits: int | None) -> MoETrac
     return trace.with_expert_bytes(s.expert_bytes(16 if bits is None else bits))
 
 
-def cli_moe_replay(args: argparse.Namespace) -> int:
+def cli_moe_replay(args: Any) -> int:
     given = [n for n, default in _KV_ONLY.items() if getattr(args, n) != default]
     if given:
         raise ConfigError(f"--{given[0].replace('_', '-')} does not apply with --moe "

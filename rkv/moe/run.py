@@ -14,7 +14,6 @@ float16 copy, exact against :class:`ResidentExperts` of the same float16 experts
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import inspect
 import json
@@ -23,11 +22,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import click
 import numpy as np
 
 from rkv.errors import ConfigError, InputError, RecordMismatchError, StoreError
+from rkv.moe.cli import SUBCOMMANDS, model_options
 from rkv.moe.experts import ExpertWeights
 
 DEFAULT_PROMPT = "Explain in three sentences why computers use a cache."
@@ -244,53 +246,55 @@ def prompt_ids(tok: Any, text: str, chat: bool = True) -> list[int]:
 
 
 # -- the command ---------------------------------------------------------------------------------
-def add_run(sub: Any) -> None:
-    """Register ``rkv moe run`` (called from :func:`rkv.moe.cli.add_moe_parser`)."""
-    from rkv.moe.cli import _add_model_args
+@click.command("run", short_help=SUBCOMMANDS["run"][1])
+@model_options(threads=1)
+@click.option("--prompt", default=DEFAULT_PROMPT)
+@click.option("--no-chat", is_flag=True, help="do not apply the chat template")
+@click.option("--tokens", type=click.IntRange(min=1), default=48,
+              help="tokens to generate (greedy)")
+@click.option("--ignore-eos", is_flag=True, help="generate --tokens even past EOS")
+@click.option("--store", type=click.Path(file_okay=False), default=None,
+              help="expert store directory, created when absent  [default: under the fit "
+                   "cache, one per model, bits and low-bit copy]")
+@click.option("--existing", is_flag=True, help="the store must exist already")
+@click.option("--config", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="engine TOML whose tiers hold the store (with a [placement] table, each "
+                   "expert's tier, bits and code are planned; docs/moe.md)  [default: the "
+                   "engine's dram, cxl, nvme]")
+@click.option("--bits", type=click.Choice(["16", "8", "4"]), default="16",
+              help="bits of the stored experts (8, 4: rowq)")
+@click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="float16",
+              help="dtype of the stored experts")
+@click.option("--low-bit-copy", type=click.Choice(["4", "8"]), default=None,
+              help="also store a low-bit copy (served, flagged, when a record is lost)")
+@click.option("--low-bit-on-miss", is_flag=True,
+              help="serve every miss from the low-bit copy (approximate) while the exact "
+                   "expert loads")
+@click.option("--budget", default="25%",
+              help="device cache: share of all experts' bytes (25%, 0.25), bytes (64MiB) or 0")
+@click.option("--policy", default="lru",
+              help="eviction policy spec (lru, lfu, activation, ...)")
+@click.option("--per-layer", is_flag=True, help="one cache per layer, budget split evenly")
+@click.option("--prefetch", type=click.Choice(list(PREFETCH)), default="hints",
+              help="hints: speculative routing hints loaded by a worker thread; hints-sync: "
+                   "loaded inline; cooccur: co-occurrence lookahead")
+@click.option("--resident", is_flag=True, help="also generate with every expert resident; "
+              "report the speed ratio and whether the tokens are identical")
+@click.option("--replan", is_flag=True, help="afterwards, move the experts' records by the "
+              "loads seen (the [placement] table of --config, else bits kept)")
+@click.option("--json", "json", type=click.Path(dir_okay=False), default=None, metavar="OUT",
+              help="write the results as JSON")
+def run_cmd(**kw: Any) -> int:
+    """Generate text with the MoE model's experts streamed from an rkv store: tokens/s,
+    expert hits, bytes moved (docs/moe.md). One compute thread by default: with the prefetch
+    worker, two OpenMP threads on two busy cores stall at every barrier."""
+    kw["bits"] = int(kw["bits"])
+    kw["low_bit_copy"] = None if kw["low_bit_copy"] is None else int(kw["low_bit_copy"])
+    return cmd_run(SimpleNamespace(**kw))
 
-    p = sub.add_parser("run", help="generate text with the MoE model's experts streamed from "
-                                   "an rkv store (tokens/s, hits, bytes moved; docs/moe.md)")
-    _add_model_args(p)
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    p.add_argument("--tokens", type=int, default=48, help="tokens to generate (greedy)")
-    p.add_argument("--ignore-eos", action="store_true", help="generate --tokens even past EOS")
-    p.add_argument("--store", default=None, help="expert store directory (default: under the "
-                   "fit cache, one per model, bits and low-bit copy); created when absent")
-    p.add_argument("--existing", action="store_true", help="the store must exist already")
-    p.add_argument("--config", default=None, help="engine TOML whose tiers hold the store "
-                   "(default: the engine's dram, cxl, nvme); with a [placement] table, each "
-                   "expert's tier, bits and code are planned (docs/moe.md)")
-    p.add_argument("--bits", type=int, choices=[16, 8, 4], default=16,
-                   help="bits of the stored experts (8, 4: rowq)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
-                   help="dtype of the stored experts")
-    p.add_argument("--low-bit-copy", type=int, choices=[4, 8], default=None,
-                   help="also store a low-bit copy (served, flagged, when a record is lost)")
-    p.add_argument("--low-bit-on-miss", action="store_true",
-                   help="serve every miss from the low-bit copy (approximate) while the "
-                        "exact expert loads")
-    p.add_argument("--budget", default="25%", help="device cache: share of all experts' "
-                   "bytes (25%%, 0.25), bytes (64MiB) or 0")
-    p.add_argument("--policy", default="lru", help="eviction policy spec (lru, lfu, "
-                   "activation, ...)")
-    p.add_argument("--per-layer", action="store_true",
-                   help="one cache per layer, budget split evenly")
-    p.add_argument("--prefetch", default="hints", choices=list(PREFETCH),
-                   help="hints: speculative routing hints loaded by a worker thread; "
-                        "hints-sync: loaded inline; cooccur: co-occurrence lookahead")
-    p.add_argument("--resident", action="store_true", help="also generate with every expert "
-                   "resident; report the speed ratio and whether the tokens are identical")
-    p.add_argument("--replan", action="store_true", help="afterwards, move the experts' "
-                   "records by the loads seen (the [placement] table of --config, else "
-                   "bits kept)")
-    p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
-    # one compute thread: with the prefetch worker, two OpenMP threads on two busy cores
-    # stall at every barrier (decode 20x slower when the cores are shared)
-    p.set_defaults(fn=cmd_run, threads=1)
 
-
-def check_args(args: argparse.Namespace) -> None:
+def check_args(args: Any) -> None:
+    """The checks that need no model (a bad option fails in a second)."""
     if not 1 <= args.top_k <= args.experts:
         raise InputError(f"--top-k must be in 1..{args.experts}, got {args.top_k}")
     if args.tokens < 1:
@@ -310,7 +314,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise StoreError(f"no rkv expert store at {args.store}")
 
 
-def load_model(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, Any]:
+def load_model(args: Any, log: Callable[[str], None]) -> tuple[Any, Any]:
     """(MoEModel, tokenizer): SmolLM2-135M-Instruct MoEfied (tests replace this)."""
     from rkv.moe.model import load_moe_smollm2
 
@@ -328,7 +332,7 @@ def _tiers(path: str | None) -> tuple[tuple[Any, ...] | None, dict[str, Any]]:
     return cfg.tiers, dict(cfg.placement)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: Any) -> int:
     from rkv.moe.cli import _log
     from rkv.moe.experts import ResidentExperts
 

@@ -3,29 +3,37 @@ predicted P(DUE) and P(SDC), bytes, expected cost, and why), without writing any
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
+import click
+
+from rkv.clicmds import IN_FILE, OUT_FILE, call, check_writable, command
 from rkv.errors import ConfigError
 
+log = logging.getLogger(__name__)
 
-def register(sub: Any) -> None:
-    p = sub.add_parser("plan", help="print the placement plan of a put (tier, bits, code per "
-                                    "block, and why): docs/placement.md",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m",
-                   help="'smollm2-135m', or a JSON file with a ModelSpec")
-    p.add_argument("--tokens", type=int, default=1024, help="tokens in the put")
-    p.add_argument("--config", default=None,
-                   help="engine config TOML with a [placement] table (default: the "
-                        "default tiers and placement defaults)")
-    p.add_argument("--tier", default=None, help="the tier the chunks go to (default: the "
-                                                "first tier)")
-    p.add_argument("--rows", type=int, default=60, help="table rows to print (0: all)")
-    p.add_argument("--json", default=None, help="also write the plan to this file")
-    p.set_defaults(fn=cmd_plan)
+
+@command("plan")
+@click.option("--model", default="smollm2-135m",
+              help="'smollm2-135m', or a JSON file with a ModelSpec")
+@click.option("--tokens", type=click.IntRange(min=1), default=1024, help="tokens in the put")
+@click.option("--config", type=IN_FILE, default=None,
+              help="engine config TOML with a [placement] table  [default: the default tiers "
+                   "and placement defaults]")
+@click.option("--tier", default=None,
+              help="the tier the chunks go to  [default: the first tier]")
+@click.option("--rows", type=click.IntRange(min=0), default=60,
+              help="table rows to print (0: all)")
+@click.option("--json", "json", type=OUT_FILE, default=None,
+              help="also write the plan to this file")
+def plan_cmd(**kw: Any) -> int:
+    """Print the placement plan of a put without writing anything: per block its tier, bits
+    and code, predicted P(DUE) and P(SDC), bytes, expected cost, and why
+    (docs/placement.md)."""
+    return call(cmd_plan, **kw)
 
 
 def _model(name: str) -> Any:
@@ -45,13 +53,12 @@ def _model(name: str) -> Any:
         raise ConfigError(f"--model: cannot read {name}: {exc}") from exc
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def cmd_plan(args: Any) -> int:
     from rkv.config import EngineConfig
     from rkv.placement.config import PlacementConfig
     from rkv.placement.engine_plans import EnginePlacement
 
-    if args.tokens < 1:
-        raise ConfigError("--tokens must be at least 1")
+    check_writable(args.json, "--json")
     cfg = EngineConfig.load(args.config) if args.config else EngineConfig()
     spec = _model(args.model)
     tier = args.tier or cfg.tiers[0].name

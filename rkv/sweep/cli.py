@@ -3,46 +3,52 @@ report and print a short summary. See docs/sweeps.md."""
 
 from __future__ import annotations
 
-import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+import click
+
+from rkv.clicmds import OUT_FILE, call, command, quiet_flag
 from rkv.sweep.executors import EXECUTORS
 
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "sweep", help="a quality-versus-reliability sweep over tiers, fault rates, bits and "
-                      "codes; resumable, on a process pool or Ray: docs/sweeps.md")
-    p.add_argument("file", nargs="?", default="default",
-                   help="sweep file (TOML), or 'default' (the default) for the shipped "
-                        "default sweep")
-    p.add_argument("--results", default=None,
-                   help="results file (JSON Lines; default: the sweep's [sweep] results, "
-                        "else sweep-results/NAME/results.jsonl)")
-    p.add_argument("--executor", choices=EXECUTORS, default="process",
-                   help="where cells run (default: process, a pool of worker processes)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="worker processes (default: the CPUs this process may use)")
-    p.add_argument("--ray-address", default=None,
-                   help="join this Ray cluster ('auto' or ray://host:10001) instead of "
-                        "starting a local Ray")
-    p.add_argument("--report-dir", default=None,
-                   help="where the report goes (default: next to the results, report/)")
-    p.add_argument("--no-report", action="store_true", help="run the cells only")
-    p.add_argument("--list", action="store_true",
-                   help="list the cells (done or to run) and exit")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_sweep)
+log = logging.getLogger(__name__)
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
+@command("sweep")
+@click.argument("file", default="default")
+@click.option("--results", type=OUT_FILE, default=None,
+              help="results file (JSON Lines)  [default: the sweep's [sweep] results, else "
+                   "sweep-results/NAME/results.jsonl]")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="process",
+              help="where cells run (process: a pool of worker processes)")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="worker processes  [default: the CPUs this process may use]")
+@click.option("--ray-address", default=None,
+              help="join this Ray cluster ('auto' or ray://host:10001) instead of starting a "
+                   "local Ray")
+@click.option("--report-dir", type=click.Path(file_okay=False), default=None,
+              help="where the report goes  [default: next to the results, report/]")
+@click.option("--no-report", is_flag=True, help="run the cells only")
+@click.option("--list", "list", is_flag=True,
+              help="list the cells (done or to run) and exit")
+@quiet_flag("no progress bar")
+def sweep_cmd(**kw: Any) -> int:
+    """Run a quality-versus-reliability sweep over tiers, fault rates, bits and codes, then
+    write its report and print a short summary. FILE is a sweep file (TOML) or 'default'
+    for the shipped default sweep. Resumable: cells already in the results file are kept
+    (docs/sweeps.md)."""
+    return call(cmd_sweep, **kw)
+
+
+def cmd_sweep(args: Any) -> int:
     from rkv.sweep.results import ResultsFile
     from rkv.sweep.run import check_failures, run_sweep
     from rkv.sweep.spec import describe, load_sweep
 
     sweep = load_sweep(args.file)
+    log.info("sweep %s: %d cells", sweep.name, len(sweep.cells))
     results = Path(args.results) if args.results else sweep.results
     if args.list:
         done = ResultsFile(results, repair=False)

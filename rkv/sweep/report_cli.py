@@ -1,39 +1,44 @@
 """``rkv report RESULTS.jsonl``: the Pareto plots, markdown report and terminal summary of a
-sweep's results (docs/sweeps.md). Errors are one line and exit status 2 (via ``rkv.cli``)."""
+sweep's results (docs/sweeps.md). Errors are one line and exit status 2 (via :mod:`rkv.cli`)."""
 
 from __future__ import annotations
 
-import argparse
-import sys
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
 
+import click
+
+from rkv.clicmds import call, command, split_list
 from rkv.errors import InputError
 
+log = logging.getLogger(__name__)
 
-def register(sub: Any) -> None:
-    p = sub.add_parser("report", help="Pareto plots, markdown report and summary of a sweep's "
-                                      "results (JSONL from rkv sweep): docs/sweeps.md",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("results", help="the results file (JSONL) that rkv sweep wrote")
-    p.add_argument("--out", default=None,
-                   help="directory for report.md and the figures (default: RESULTS without "
-                        "its suffix, plus '-report')")
-    p.add_argument("--format", default="png,svg", help="figure formats: png, svg, pdf")
-    p.add_argument("--rate", choices=("hi", "point"), default="hi",
-                   help="P(SDC) and P(DUE) for the Pareto front: the 95 %% upper bound or the "
-                        "point estimate")
-    p.add_argument("--max-kl", type=float, default=0.01,
-                   help="KL (nats/token) below which the summary calls a setting accurate")
-    p.set_defaults(fn=cmd_report)
+
+@command("report")
+@click.argument("results")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="directory for report.md and the figures  [default: RESULTS without its "
+                   "suffix, plus '-report']")
+@click.option("--format", "format", default="png,svg", callback=split_list,
+              help="figure formats: png, svg, pdf")
+@click.option("--rate", type=click.Choice(["hi", "point"]), default="hi",
+              help="P(SDC) and P(DUE) for the Pareto front: the 95 % upper bound or the "
+                   "point estimate")
+@click.option("--max-kl", type=float, default=0.01,
+              help="KL (nats/token) below which the summary calls a setting accurate")
+def report_cmd(**kw: Any) -> int:
+    """Pareto plots, markdown report and terminal summary of a sweep's results (the JSON
+    Lines file `rkv sweep` wrote; docs/sweeps.md)."""
+    return call(cmd_report, **kw)
 
 
 def default_out(results: Path) -> Path:
     return results.with_name(results.stem + "-report")
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def cmd_report(args: Any) -> int:
     from rkv.sweep.report import load_rows, write_report
 
     results = Path(args.results)
@@ -44,7 +49,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         rows = load_rows(results)
     for w in caught:
-        print(f"rkv: warning: {w.message}", file=sys.stderr)
+        log.warning("%s", w.message)
+    log.info("%s: %d rows", results, len(rows))
     if not rows:
         raise InputError(f"{results}: no result rows")
     out = Path(args.out) if args.out else default_out(results)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rkv.cli import quality_settings
+from rkv.clicmds.quality import quality_settings
 from rkv.quality import RkvRoundTrip, attention_error, cast_to, raw_flips, raw_model_faults, snr_db
 
 

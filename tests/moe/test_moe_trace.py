@@ -213,17 +213,17 @@ def test_random_routes_round_trip(tmp_path_factory: pytest.TempPathFactory,
 
 
 # -- the CLI -----------------------------------------------------------------------------
-def test_cli_parses_moe_trace() -> None:
-    from rkv.cli import build_parser
+def test_cli_parses_moe_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    from rkv.cli import main
+    from rkv.moe.cli import trace_cmd
 
-    args = build_parser().parse_args(["moe", "trace", "--experts", "8", "--top-k", "2",
-                                      "--topics", "3", "--out", "x.jsonl"])
-    assert (args.experts, args.top_k, args.topics, args.out, args.text) == (8, 2, 3,
-                                                                             "x.jsonl", None)
-    assert callable(args.fn)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["moe", "trace", "--text", "a", "--topics", "2",
-                                   "--out", "x"])
+    ctx = trace_cmd.make_context("trace", ["--experts", "8", "--top-k", "2", "--topics", "3",
+                                           "--out", "x.jsonl"])
+    p = ctx.params
+    assert (p["experts"], p["top_k"], p["topics"], p["out"], p["text"]) == (8, 2, 3,
+                                                                            "x.jsonl", None)
+    assert main(["moe", "trace", "--text", __file__, "--topics", "2", "--out", "x"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
 
 
 def test_cli_trace_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

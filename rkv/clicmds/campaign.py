@@ -1,0 +1,209 @@
+"""``rkv campaign`` (one residency, or ``--days`` over time) and ``rkv validate``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rkv.clicmds import (
+    IN_FILE,
+    OUT_FILE,
+    call,
+    check_writable,
+    command,
+    json_flag,
+    quiet_flag,
+)
+from rkv.errors import ConfigError
+from rkv.faults.overtime_cli import time_options
+
+log = logging.getLogger(__name__)
+
+#: Campaign options that override the --config file when given.
+_OVERRIDES = ("tier", "protection", "hours", "trials", "blocks", "seed", "workers", "sampling",
+              "rows", "chunk_tokens", "kv_heads", "head_dim", "dtype", "bits", "ber_multiplier")
+
+
+@command("campaign")
+@click.option("--config", type=IN_FILE, default=None,
+              help="TOML file with the campaign settings (options override it)")
+@click.option("--tier", type=click.Choice(["dram", "cxl", "nvme"]), default=None,
+              help="start from this default tier's fault model and protection")
+@click.option("--fault-model", default=None, help="fault model preset (`rkv faultmodels` "
+              "lists them: dram-ddr4, dram-ddr5, cxl, nvme-tlc, raw-ber, ...)")
+@click.option("--param", multiple=True, metavar="KEY=VALUE",
+              help="override a fault model parameter (repeatable), e.g. pe_cycles=3000")
+@click.option("--protection", default=None,
+              help="codec spec (rs(255,239), bch(m=13,t=8), shardrs(k=16,m=2)), 'none' "
+                   "(end-to-end checksum only) or 'raw' (nothing)")
+@click.option("--hours", type=float, default=None, help="residency time in hours")
+@click.option("--ber-multiplier", type=float, default=None,
+              help="every fault x times as frequent (accelerated testing)")
+@click.option("--trials", type=click.IntRange(min=1), default=None)
+@click.option("--blocks", type=click.IntRange(min=1), default=None, help="blocks per trial")
+@click.option("--chunk-tokens", type=click.IntRange(min=1), default=None)
+@click.option("--kv-heads", type=click.IntRange(min=1), default=None)
+@click.option("--head-dim", type=click.IntRange(min=1), default=None)
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default=None)
+@click.option("--bits", type=click.Choice(["16", "8", "4", "2"]), default=None,
+              help="quantize blocks to this many bits (KIVI) before protecting them")
+@click.option("--seed", type=int, default=None)
+@click.option("--workers", type=click.IntRange(min=1), default=None)
+@click.option("--sampling", type=click.Choice(["auto", "direct", "conditional"]), default=None)
+@click.option("--tilt", default=None, metavar="auto|FACTOR",
+              help="importance sampling for rare outcomes: 'auto', or a count tilt factor "
+                   "(0: off; see docs/rare-events.md)")
+@click.option("--rows", type=OUT_FILE, default=None, help="write per-trial rows (JSONL) here")
+@click.option("--replay", type=click.IntRange(min=0), default=None, metavar="TRIAL",
+              help="run one trial again and print its row")
+@click.option("--no-raw", "compare_raw", is_flag=True, flag_value=False, default=True,
+              help="skip the comparison run on raw storage")
+@json_flag("print the summary as JSON")
+@quiet_flag()
+@time_options
+def campaign_cmd(**kw: Any) -> int:
+    """Fault-injection campaign through the real engine: blocks written, faults injected
+    from a tier's fault model, read back; counts of silent corruptions (SDC), detected
+    losses (DUE) and corrections, with the same campaign on raw storage for comparison.
+    With --days, a store over time with and without scrubbing (docs/campaigns.md)."""
+    if kw["bits"] is not None:
+        kw["bits"] = int(kw["bits"])
+    kw["param"] = list(kw["param"])
+    return call(cmd_campaign, **kw)
+
+
+def campaign_config(args: Any) -> Any:
+    """The CampaignConfig of the options (the --config file, then the options over it)."""
+    from rkv.faults.campaign import CampaignConfig
+
+    base: dict[str, Any] = {}
+    if args.config:
+        base = CampaignConfig.load(args.config).to_dict()
+    for name in _OVERRIDES:
+        value = getattr(args, name)
+        if value is not None:
+            base[name] = value
+    if args.tilt is not None:
+        base["tilt"] = args.tilt if args.tilt == "auto" else _parse_tilt(args.tilt)
+    if args.fault_model is not None or args.param:
+        fm: Any = args.fault_model if args.fault_model is not None else base.get("fault_model")
+        if args.param:
+            table = dict(fm) if isinstance(fm, dict) else ({"preset": fm} if fm else {})
+            if not table.get("preset") and not table.get("model"):
+                from rkv.config import default_tiers
+
+                tier = base.get("tier", "nvme")
+                table["preset"] = next(t for t in default_tiers() if t.name == tier).fault_model
+            table.update(parse_params(args.param))
+            fm = table
+        base["fault_model"] = fm
+    return CampaignConfig.from_dict(base)
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``--param KEY=VALUE`` items as a dict (numbers and booleans converted)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--param expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = _parse_scalar(raw)
+    return out
+
+
+def _parse_tilt(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"--tilt expects 'auto' or a number, got {raw!r}") from None
+
+
+def _parse_scalar(raw: str) -> Any:
+    raw = raw.strip()
+    for conv in (int, float):
+        try:
+            return conv(raw)
+        except ValueError:
+            pass
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    return raw
+
+
+def cmd_campaign(args: Any) -> int:
+    from dataclasses import replace
+
+    from rkv.faults.campaign import format_summary, replay_trial, run_campaign, stderr_progress
+
+    given = [f"--{n.replace('_', '-')}" for n in ("refresh_hours", "residency_hours")
+             if getattr(args, n) is not None]
+    given += ["--scrub"] * (args.scrub != "auto") + ["--target"] * (args.target != 1e-9)
+    if args.days is None and given:
+        raise ConfigError(f"{', '.join(given)}: only with --days")
+    cfg = campaign_config(args)
+    check_writable(args.rows, "--rows")
+    log.info("campaign: %s", cfg.to_dict())
+    if args.days is not None:
+        from rkv.faults.overtime_cli import run_time_campaign
+        return run_time_campaign(args, cfg)
+    if args.replay is not None:
+        print(json.dumps(replay_trial(cfg, args.replay), indent=2))
+        return 0
+    quiet = args.json or args.quiet
+    summary = run_campaign(cfg, progress=None if quiet else stderr_progress)
+    result: dict[str, Any] = summary.to_json()
+    raw = None
+    if args.compare_raw and summary.protection != "raw":
+        log.info("the same campaign on raw storage")
+        raw = run_campaign(replace(cfg, protection="raw", rows=""),
+                           progress=None if quiet else stderr_progress)
+        result["raw"] = raw.to_json()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_summary(summary))
+        if raw is not None:
+            print("\nthe same campaign on raw storage (no header, no checksum: what peers do):")
+            print(format_summary(raw))
+        if cfg.rows:
+            print(f"\nper-trial rows: {cfg.rows} (replay one with --replay TRIAL)")
+    return 0
+
+
+# -- validate --------------------------------------------------------------------------------
+@command("validate")
+@click.option("--quick", is_flag=True, help="a small subset (seconds)")
+@click.option("--trials", type=click.IntRange(min=1), default=40,
+              help="trials of 10 blocks per cell")
+@click.option("--workers", type=click.IntRange(min=1), default=1)
+@click.option("--json", "json", type=OUT_FILE, default=None, metavar="PATH",
+              help="write every cell as JSON here")
+@quiet_flag()
+def validate_cmd(**kw: Any) -> int:
+    """Campaigns against the analytic model, every preset x every code; exit 1 if a cell
+    disagrees (|z| > 4)."""
+    return call(cmd_validate, **kw)
+
+
+def cmd_validate(args: Any) -> int:
+    from rkv.faults.validate import Z_LIMIT, markdown, run_matrix, to_json
+
+    check_writable(args.json, "--json")
+
+    def progress(i: int, n: int, cell: Any) -> None:
+        print(f"\r{i}/{n} cells ({cell.model}, {cell.protection})", end="", file=sys.stderr,
+              flush=True)
+
+    cells = run_matrix(args.quick, trials=args.trials, workers=args.workers,
+                       progress=None if args.quiet or not sys.stderr.isatty() else progress)
+    print(markdown(cells))
+    bad = [c for c in cells if not c.ok]
+    print(f"\n{len(cells) - len(bad)} of {len(cells)} cells agree within |z| <= {Z_LIMIT:g}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(cells), indent=2) + "\n")
+    return 1 if bad else 0
