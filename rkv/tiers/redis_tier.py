@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -79,6 +79,13 @@ def _connection_kwargs(s: RemoteSettings, name: str) -> dict[str, Any]:
     return kw
 
 
+class _Opened(NamedTuple):
+    """A fetched value and its MAC check: the record inside, or the error."""
+
+    value: bytes
+    checked: Any
+
+
 class _Reader:
     """Reads of one engine read: values fetched once, kept until the reader closes."""
 
@@ -111,6 +118,13 @@ class _Reader:
         if value is None:
             tier._count(misses=1)
             return None
+        if isinstance(value, _Opened):
+            tier._count(hits=1, bytes_read=len(value.value))
+            if isinstance(value.checked, BaseException):
+                tier._count(auth_rejected=1)
+                raise value.checked
+            opened: memoryview = value.checked
+            return opened
         tier._count(hits=1, bytes_read=len(value))
         return tier.open_value(key, value)
 
@@ -124,8 +138,17 @@ class _Reader:
             keys.append(k)
             budget -= max(size, 1)
             j += 1
-        values = tier._call(lambda c: c.mget([tier.key(k) for k in keys]))
+        values: list[Any] = tier._call(lambda c: c.mget([tier.key(k) for k in keys]))
         tier._count(mgets=1)
+        if tier.macs is not None:      # MACs of the window checked on the codec pool
+            from rkv.parallel import pmap
+
+            macs = tier.macs
+            checked = pmap(lambda kv: None if kv[1] is None else macs.open(kv[0], kv[1]),
+                           list(zip(keys, values, strict=True)), capture=True,
+                           nbytes=sum(len(v) for v in values if v is not None))
+            values = [None if v is None else _Opened(v, c)
+                      for v, c in zip(values, checked, strict=True)]
         self._fetched.update(zip(keys, values, strict=True))
         self._next = j
 
