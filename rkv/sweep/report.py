@@ -32,9 +32,11 @@ from rkv.sweep.report_rows import (
     settings,
 )
 from rkv.sweep.results import ResultsError
+from rkv.ui.tables import Column, check_format, render
 
-__all__ = ["OBJECTIVES", "Report", "ResultsError", "TornLineWarning", "load_rows", "objectives",
-           "pareto", "pareto_settings", "settings", "summary", "write_report"]
+__all__ = ["OBJECTIVES", "Report", "ResultsError", "TornLineWarning", "front_rows", "front_table",
+           "load_rows", "objectives", "pareto", "pareto_settings", "settings", "summary",
+           "write_report"]
 
 OBJECTIVES = ("overhead", "kl", "sdc", "due")
 TIER_ORDER = ("dram", "cxl", "nvme")
@@ -280,6 +282,48 @@ def summary(rows: Sequence[Mapping[str, Any]], *, max_kl: float = MAX_KL) -> str
         verdict = "verdict: this sweep measured no reliability; add 'reliability' to its metrics"
     out.append(verdict)
     return "\n".join(out)
+
+
+# -- the Pareto front as a table ------------------------------------------------------------------
+_FRONT_TEXT = [Column("tier"), Column("setting"), Column("overhead", align="right"),
+               Column("kl", "KL (nats/token)", "right"), Column("sdc", "P(SDC)", "right"),
+               Column("due", "P(DUE)", "right")]
+
+
+def front_rows(rows: Sequence[Mapping[str, Any]], rate: str = "hi") -> list[dict[str, Any]]:
+    """The Pareto-optimal settings (:func:`pareto_settings`) as flat rows of numbers: tier,
+    setting, overhead, KL mean and 95 % interval, SDC and DUE counts, blocks and rates with
+    their 95 % intervals (None where the sweep did not measure them)."""
+    _rate_mode(rate)
+    sets = settings(rows)
+    out = []
+    for s in pareto_settings(sets, rate):
+        row: dict[str, Any] = {"tier": s.tier, "setting": label(s, varying(sets, s.tier)),
+                               "overhead": s.overhead,
+                               "kl": s.kl.mean if s.kl else None,
+                               "kl_lo": s.kl.lo if s.kl else None,
+                               "kl_hi": s.kl.hi if s.kl else None}
+        for name, r in (("sdc", s.sdc), ("due", s.due)):
+            row.update({f"{name}_n": r.n if r else None, f"{name}_blocks": r.total if r else None,
+                        f"{name}_rate": r.rate if r else None, f"{name}_lo": r.lo if r else None,
+                        f"{name}_hi": r.hi if r else None})
+        out.append(row)
+    return out
+
+
+def front_table(rows: Sequence[Mapping[str, Any]], fmt: str = "text", rate: str = "hi") -> str:
+    """The Pareto front per tier as a table (``fmt``: text, markdown, json or csv; the
+    machine formats are :func:`front_rows`)."""
+    check_format(fmt)
+    if fmt in ("json", "csv"):
+        return render(front_rows(rows, rate), fmt=fmt)
+    _rate_mode(rate)
+    sets = settings(rows)
+    shown = [{"tier": s.tier, "setting": label(s, varying(sets, s.tier)),
+              "overhead": fmt_num(s.overhead), "kl": fmt_interval(s.kl, 2),
+              "sdc": fmt_rate(s.sdc), "due": fmt_rate(s.due)}
+             for s in pareto_settings(sets, rate)]
+    return render(shown, _FRONT_TEXT, fmt=fmt, title="Pareto-optimal settings")
 
 
 # -- the report ---------------------------------------------------------------------------------

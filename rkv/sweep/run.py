@@ -3,6 +3,7 @@ executor, append each row as it arrives (so a killed sweep resumes where it stop
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,9 @@ from rkv.sweep.cells import run_cell
 from rkv.sweep.executors import CellError, Executor, make_executor
 from rkv.sweep.results import ResultsFile
 from rkv.sweep.spec import Sweep, cell_key, describe
+from rkv.ui.progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 def safe_cell(config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -53,31 +57,33 @@ def run_sweep(sweep: Sweep, *, executor: str | Executor = "process",
     keys = sweep.cell_keys()
     pending = [(k, c) for k, c in zip(keys, sweep.cells, strict=True) if k not in rf]
     out = SweepRun(rf.path, skipped=len(keys) - len(pending), torn=rf.torn)
+    log.info("sweep %s: %d cells, %d done before, %d to run", sweep.name, len(keys),
+             out.skipped, len(pending))
     t0 = time.perf_counter()
     if pending:
         ex = executor if isinstance(executor, Executor) else make_executor(
             executor if len(pending) > 1 else "serial", workers, ray_address)
         out.executor, out.workers = ex.name, ex.workers
-        from tqdm import tqdm  # type: ignore[import-untyped]
-
-        bar = tqdm(total=len(pending), unit="cell", desc=f"sweep {sweep.name}",
-                   disable=not progress, dynamic_ncols=True)
+        bar = Progress(f"sweep {sweep.name}", len(pending), unit="cell", quiet=not progress)
         try:
-            for i, (row, err) in ex.map(safe_cell, [c for _, c in pending]):
-                key, cell = pending[i]
-                bar.update(1)
-                if row is None:
-                    out.failed[key] = f"cell {{{describe(cell)}}}: {err}"
-                    bar.write(f"failed: {out.failed[key]}")
-                    continue
-                full = {"key": key, "sweep": sweep.name, **row}
-                rf.append(full)
-                out.ran.append(key)
-                out.cell_s += float(row["timings"]["total_s"])
-                if on_row is not None:
-                    on_row(full)
+            with bar:
+                for i, (row, err) in ex.map(safe_cell, [c for _, c in pending]):
+                    key, cell = pending[i]
+                    bar.update(1)
+                    if row is None:
+                        out.failed[key] = f"cell {{{describe(cell)}}}: {err}"
+                        log.info("sweep %s: %s", sweep.name, out.failed[key])
+                        bar.write(f"failed: {out.failed[key]}")
+                        continue
+                    full = {"key": key, "sweep": sweep.name, **row}
+                    rf.append(full)
+                    out.ran.append(key)
+                    out.cell_s += float(row["timings"]["total_s"])
+                    log.info("sweep %s: cell %s done in %.1f s: {%s}", sweep.name, key,
+                             float(row["timings"]["total_s"]), describe(cell))
+                    if on_row is not None:
+                        on_row(full)
         finally:
-            bar.close()
             if not isinstance(executor, Executor):
                 ex.close()
     out.wall_s = time.perf_counter() - t0
