@@ -1,4 +1,6 @@
-"""The embedded-default demo: prompts with shared prefixes stored, deduplicated and verified.
+"""``rkv demo``: prompts with shared prefixes stored, deduplicated and verified; then faults
+injected into stored records, caught by rkv where raw storage returns wrong values
+(:mod:`rkv.demo_faults`).
 
 KV here is synthetic but deterministic per (position, token), like a real model's KV for an
 identical prefix, so a reloaded prefix can be compared byte for byte with what was computed.
@@ -7,16 +9,21 @@ The model shape is SmolLM2-135M's (30 layers, 3 KV heads, head dim 64) in fp16.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from rkv.config import EngineConfig
 from rkv.engine import Engine
 from rkv.model import ModelSpec
+from rkv.ui import Column, Progress, echo_table, human_bytes
+
+log = logging.getLogger(__name__)
 
 DEMO_MODEL = ModelSpec("demo/SmolLM2-135M-shape", n_layers=30, n_kv_heads=3, head_dim=64,
                        dtype="float16")
@@ -49,7 +56,22 @@ def demo_prompts(n: int, seed: int = 7) -> list[np.ndarray]:
     return prompts
 
 
-def run_demo(path: str | None = None, prompts: int = 6, keep: bool = False) -> int:
+_PROMPT_COLUMNS = [Column("#", align="right"), Column("tokens", align="right"),
+                   Column("cached", align="right"),
+                   Column("written", align="right", fmt="{} ch."),
+                   Column("deduped", align="right", fmt="{} ch."),
+                   Column("put MB/s", align="right", fmt=".0f"),
+                   Column("read", align="right"),
+                   Column("verified", align="right", fmt="{} bl."),
+                   Column("get MB/s", align="right", fmt=".0f"),
+                   Column("exact", fmt=lambda b: "yes" if b else "NO")]
+
+
+def run_demo(path: str | None = None, prompts: int = 6, keep: bool = False,
+             faults: bool = True, quiet: bool = False) -> int:
+    """Store ``prompts`` prompts with shared prefixes, reload and verify them, then (with
+    ``faults``) inject faults into stored records and show rkv catching them where raw
+    storage returns wrong values. Exit status 0 when everything checks out."""
     tmp = None
     if path is None:
         tmp = tempfile.mkdtemp(prefix="rkv-demo-")
@@ -67,37 +89,17 @@ def run_demo(path: str | None = None, prompts: int = 6, keep: bool = False) -> i
         with Engine.open(path, config) as engine:
             cfg = engine.config
             print("tiers: " + ", ".join(
-                f"{t.name} ({t.medium}, {t.capacity_bytes >> 20} MiB, ecc {t.ecc})"
+                f"{t.name} ({t.medium}, {human_bytes(t.capacity_bytes)}, ecc {t.ecc})"
                 for t in cfg.tiers))
-            print(f"\n{'#':>2} {'tokens':>6} {'cached':>6} {'written':>8} {'deduped':>8} "
-                  f"{'put MB/s':>9} {'read':>6} {'verified':>9} {'get MB/s':>9} {'exact':>5}")
-            total_written = total_logical = 0
-            all_ok = True
-            for i, toks in enumerate(demo_prompts(prompts)):
-                kv = synthetic_kv(spec, toks)
-                cached = engine.lookup(toks, model=spec)
-                t0 = time.perf_counter()
-                put = engine.put(toks, kv, model=spec)
-                t_put = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                got = engine.get(toks, model=spec)
-                t_get = time.perf_counter() - t0
-                exact = got.n_tokens == len(toks) and np.array_equal(got.kv, kv)
-                all_ok &= exact and got.ok
-                counts = got.counts
-                verified = counts["ok"] + counts["corrected"]
-                total_written += put.bytes_written
-                total_logical += kv.nbytes
-                put_mbs = put.bytes_written / t_put / 1e6 if put.bytes_written else 0.0
-                print(f"{i:>2} {len(toks):>6} {cached:>6} {put.chunks_written:>4} ch. "
-                      f"{put.chunks_deduped:>5} ch. {put_mbs:>9.0f} {got.n_tokens:>6} "
-                      f"{verified:>5} bl. {got.kv.nbytes / t_get / 1e6:>9.0f} "
-                      f"{'yes' if exact else 'NO':>5}")
+            rows, totals, all_ok = _store_prompts(engine, prompts, quiet)
             st = engine.stats()
             rep = engine.verify()
+        print("\nprompts with shared prefixes (a system prompt, two documents, growing chats):")
+        echo_table(rows, _PROMPT_COLUMNS)
+        total_written, total_logical = totals
         saved = 1 - total_written / total_logical if total_logical else 0.0
-        print(f"\nlogical KV {total_logical / 2**20:.1f} MiB, written {total_written / 2**20:.1f} "
-              f"MiB: prefix dedup saved {100 * saved:.0f}%")
+        print(f"logical KV {human_bytes(total_logical)}, written {human_bytes(total_written)}: "
+              f"prefix dedup saved {100 * saved:.0f}%")
         print(f"store: {st['chunks']} chunks ({st['shared_chunks']} shared), "
               f"{st['session'].get('demoted_chunks', 0)} chunk demotions; blocks per tier: "
               + ", ".join(f"{n}={t['blocks']}" for n, t in st["tiers"].items()))
@@ -105,10 +107,59 @@ def run_demo(path: str | None = None, prompts: int = 6, keep: bool = False) -> i
               f"{rep.uncorrectable} uncorrectable, {rep.missing} missing")
         ok = all_ok and rep.clean
         print("every reload was byte-exact and verified" if ok else "MISMATCH: see above")
+        if faults:
+            ok &= _show_faults(spec)
         if keep or tmp is None:
-            print(f"store kept at {path}; inspect it with `rkv info {path}`")
+            print(f"\nstore kept at {path}; inspect it with `rkv info {path}`")
         return 0 if ok else 1
     finally:
         if tmp is not None and not keep:
             Engine.destroy(path)
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _store_prompts(engine: Engine, prompts: int, quiet: bool
+                   ) -> tuple[list[dict[str, Any]], tuple[int, int], bool]:
+    spec = DEMO_MODEL
+    rows: list[dict[str, Any]] = []
+    total_written = total_logical = 0
+    all_ok = True
+    with Progress("demo", prompts, unit="prompt", quiet=quiet) as bar:
+        for i, toks in enumerate(demo_prompts(prompts)):
+            kv = synthetic_kv(spec, toks)
+            cached = engine.lookup(toks, model=spec)
+            t0 = time.perf_counter()
+            put = engine.put(toks, kv, model=spec)
+            t_put = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            got = engine.get(toks, model=spec)
+            t_get = time.perf_counter() - t0
+            exact = got.n_tokens == len(toks) and np.array_equal(got.kv, kv)
+            all_ok &= exact and got.ok
+            counts = got.counts
+            total_written += put.bytes_written
+            total_logical += kv.nbytes
+            rows.append({"#": i, "tokens": len(toks), "cached": cached,
+                         "written": put.chunks_written, "deduped": put.chunks_deduped,
+                         "put MB/s": put.bytes_written / t_put / 1e6 if put.bytes_written
+                         else 0.0,
+                         "read": got.n_tokens, "verified": counts["ok"] + counts["corrected"],
+                         "get MB/s": got.kv.nbytes / t_get / 1e6, "exact": exact})
+            log.info("demo: prompt %d: %d tokens, %d cached, %d chunks written", i, len(toks),
+                     cached, put.chunks_written)
+            bar.update()
+    return rows, (total_written, total_logical), all_ok
+
+
+def _show_faults(spec: ModelSpec) -> bool:
+    """The fault half of the demo; True when rkv returned no wrong value and raw storage
+    did (the point being made)."""
+    from rkv.demo_faults import fault_demo, fault_rows
+
+    tokens = np.arange(512, dtype=np.int64) * 7 + 3
+    d = fault_demo(spec, synthetic_kv(spec, tokens), tokens)
+    head, rows, verdict = fault_rows(d)
+    print("\n" + head)
+    echo_table(rows, [Column("fault"), Column("rkv"), Column("raw storage")])
+    print(verdict)
+    return d.rkv_exact and d.raw_wrong > 0
