@@ -121,11 +121,13 @@ def generate(pc: HFPrefixCache, input_ids: Any, attention_mask: Any = None, *,
         if tuple(toks) not in items:      # equal rows: one put
             kv = kv_tensor(cache, row=b, start=pos, stop=pos + n)
             items[tuple(toks)] = kv
-            # All but the prompt's last token on its own too (the most a call restores):
-            # that partial chunk (a few tokens) is what another call with the same prompt
-            # (another sample, an edited answer) finds.
-            if n > len(r) - 1 > 0 and (len(r) - 1) % chunk:
-                items.setdefault(tuple(r[:-1]), kv[:, :, :len(r) - 1])
+            # The prompt, and all of it but its last token (the most a call with the same
+            # prompt restores), on their own too: their partial last chunks (a few tokens
+            # each) are what another sample of the same prompt, or a prompt that continues
+            # this one differently (an edited answer), finds.
+            for m in (len(r) - 1, len(r)):
+                if 0 < m < n and m % chunk:
+                    items.setdefault(tuple(r[:m]), kv[:, :, :m])
     pc.put([(list(t), kv) for t, kv in items.items()])
     t2 = time.perf_counter()
     reports = [RowReport(g[0], len(r) - g[0], len(nw), k)
