@@ -24,9 +24,9 @@ Profiles are JSON only, size-limited and validated field by field: anything malf
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +37,9 @@ from typing import Any
 from rkv.errors import ConfigError
 from rkv.model import ModelSpec
 from rkv.specs import strict_json
+from rkv.ui.progress import Progress
+
+log = logging.getLogger(__name__)
 
 KINDS = ("k", "v")
 BITS = (8, 4, 2)
@@ -258,17 +261,6 @@ def load_profile(which: str | bytes | ModelSpec | Path) -> Profile:
 
 
 # -- the calibration run ---------------------------------------------------------------------
-def _progress(total: int, quiet: bool) -> Any:
-    if quiet:
-        return None
-    try:
-        from tqdm import tqdm  # type: ignore[import-untyped]
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="calibrate", unit="layer", file=sys.stderr,
-                disable=False)  # load_smollm2 sets TQDM_DISABLE for the GGUF loader
-
-
 def calibrate(n_windows: int = 24, *, cache: str | Path | None = None,
               sources: tuple[str, ...] = ("topics", "docs"), threads: int = 2,
               quiet: bool = False, model_tok: tuple[Any, Any] | None = None,
@@ -309,30 +301,24 @@ def calibrate(n_windows: int = 24, *, cache: str | Path | None = None,
         cpath.parent.mkdir(parents=True, exist_ok=True)
         cpath.write_text(json.dumps(header) + "\n")
     n_l = len(layers) if layers is not None else spec.n_layers
-    bar = _progress(use * n_l, quiet)
-    if bar is not None:
-        bar.update(sum(1 for i in done if i < use) * n_l)
-    elif not quiet and done:
-        print(f"calibrate: resuming, {len(done)} of {n_windows} windows cached",
-              file=sys.stderr)
-    for i, ids in enumerate(windows[:use]):
-        if i in done:
-            continue
-        tw = time.perf_counter()
-        kl, nll, nll_ref, floor = window_cases(model, ids, layers)
-        row = {"i": i, "kl": kl, "nll": nll, "nll_ref": nll_ref, "floor": floor,
-               "seconds": time.perf_counter() - tw}
-        done[i] = row
-        if cpath is not None:
-            with cpath.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-        if bar is not None:
+    cached = sum(1 for i in done if i < use)
+    with Progress("calibrate", use * n_l, unit="layer", quiet=quiet,
+                  initial=cached * n_l) as bar:
+        if cached:
+            bar.write(f"calibrate: resuming, {cached} of {use} windows cached")
+        for i, ids in enumerate(windows[:use]):
+            if i in done:
+                continue
+            tw = time.perf_counter()
+            kl, nll, nll_ref, floor = window_cases(model, ids, layers)
+            row = {"i": i, "kl": kl, "nll": nll, "nll_ref": nll_ref, "floor": floor,
+                   "seconds": time.perf_counter() - tw}
+            done[i] = row
+            if cpath is not None:
+                with cpath.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            log.info("calibrate: window %d of %d in %.1f s", i + 1, use, row["seconds"])
             bar.update(n_l)
-        elif not quiet:
-            print(f"calibrate: window {i + 1}/{use} in {row['seconds']:.0f} s",
-                  file=sys.stderr)
-    if bar is not None:
-        bar.close()
     return summarize([done[i] for i in range(use)], text, spec,
                      seconds=time.perf_counter() - t0, threads=threads,
                      scored=len(windows[0]) - PREFIX)

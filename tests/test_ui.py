@@ -191,3 +191,19 @@ def test_progress_bar_on_a_terminal() -> None:
 def test_human_bytes(n: int, text: str) -> None:
     assert human_bytes(n) == text
     assert results_human_bytes(n) == text
+
+
+def test_progress_initial_counts_but_not_in_rate() -> None:
+    buf = io.StringIO()
+    with Progress("calibrate", 10, unit="layer", file=buf, min_gap_s=0, every_s=1e9,
+                  initial=6) as p:
+        assert p.n == 6
+        p.update(2)
+        p.update(2)
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("calibrate: 8/10 layers (80%)")
+    assert lines[-1].startswith("calibrate: 10/10 layers (100%), done in")
+    buf = io.StringIO()
+    with Progress("calibrate", 10, file=buf, initial=10):
+        pass                                       # all cached: one line says so
+    assert buf.getvalue().startswith("calibrate: 10/10 its (100%), done in")

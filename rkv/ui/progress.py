@@ -42,11 +42,12 @@ class Progress:
     """Count work done: ``with Progress("campaign", 100, unit="trial") as p: ... p.update()``.
 
     ``quiet`` shows nothing; ``file`` (default stderr) is where it goes; ``tty`` overrides
-    the terminal test (``True``: the bar, ``False``: plain lines)."""
+    the terminal test (``True``: the bar, ``False``: plain lines). ``initial`` units are
+    already done (a resumed run): counted, but not in the rate."""
 
     def __init__(self, desc: str, total: int | None = None, *, unit: str = "it",
                  quiet: bool = False, file: TextIO | None = None, tty: bool | None = None,
-                 every_s: float = 10.0, min_gap_s: float = 1.0) -> None:
+                 every_s: float = 10.0, min_gap_s: float = 1.0, initial: int = 0) -> None:
         if total is not None and total < 0:
             raise ValueError(f"progress total must be >= 0, got {total}")
         self.desc, self.total, self.unit = desc, total, unit
@@ -57,10 +58,10 @@ class Progress:
             tty = env != "plain" and _is_tty(self.file)
         self.tty = tty
         self.every_s, self.min_gap_s = every_s, min_gap_s
-        self.n = 0
+        self.n = self.initial = initial
         self._lock = threading.Lock()
         self._t0 = self._last = time.monotonic()
-        self._last_decile = 0
+        self._last_decile = min(10, initial * 10 // total) if total else 0
         self._rich: Any = None
         self._task: Any = None
         self._closed = False
@@ -88,7 +89,8 @@ class Progress:
                 TimeElapsedColumn(), TextColumn("{task.fields[note]}", markup=False),
                 console=Console(file=self.file, force_terminal=True), transient=False)
             self._rich.start()
-            self._task = self._rich.add_task(self.desc, total=self.total, rate="", note="")
+            self._task = self._rich.add_task(self.desc, total=self.total, rate="", note="",
+                                             completed=self.n)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -102,7 +104,7 @@ class Progress:
             self._closed = True
             if self._rich is not None:
                 self._rich.stop()
-            elif not self.quiet and (self.n or self.total):
+            elif not self.quiet and (self.n > self.initial or self.total):
                 self._line(final=not failed)
         log.debug("%s: %d %s(s) in %.1f s", self.desc, self.n, self.unit,
                   time.monotonic() - self._t0)
@@ -146,7 +148,7 @@ class Progress:
 
     def _rate(self, now: float) -> float:
         dt = now - self._t0
-        return self.n / dt if dt > 0 else 0.0
+        return (self.n - self.initial) / dt if dt > 0 else 0.0
 
     def _show(self) -> None:
         if self.quiet or self._closed:
