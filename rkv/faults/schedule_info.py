@@ -9,11 +9,14 @@ for the store's ``EngineConfig.scrub_target_p_due``.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 from rkv.faults.schedule import DEFAULT_BLOCK_BYTES, schedule
 from rkv.ui.tables import Column, render
+
+log = logging.getLogger(__name__)
 
 __all__ = ["add_schedule", "block_bytes", "human_hours", "schedule_rows", "schedule_text"]
 
@@ -51,6 +54,9 @@ def add_schedule(stats: dict[str, Any], target: float) -> dict[str, Any]:
         bits, code = _typical_pipeline(tier)
         nbytes = max(1, full * bits // 16)
         s = schedule(tier["fault_model"], code, nbytes, target, name=tier["fault_model"])
+        log.info("schedule: tier %s (%s, %d-bit %s, %d-byte blocks): refresh %s, scrub %s",
+                 name, tier["fault_model"], bits, code, nbytes, human_hours(s.refresh_hours),
+                 human_hours(s.scrub_hours))
         out["tiers"][name] = {"bits": bits, **s.to_dict()}
     stats["schedule"] = out
     return out
