@@ -63,3 +63,27 @@ def test_smollm2_prefix_cache_warm_start(smollm2: tuple[object, object],
         torch.testing.assert_close(warm.logits[0], full[0, 256:], rtol=1e-3, atol=1e-3)
         assert int(warm.logits[0, -1].argmax()) == int(full[0, -1].argmax())
     Engine.destroy(tmp_path / "s")
+
+
+def test_smollm2_chat_turn_two_restores_turn_one(smollm2: tuple[object, object],
+                                                 tmp_path: Path) -> None:
+    """A two-turn chat through ChatSession: turn 2 restores turn 1's prompt and answer
+    and answers as plain greedy generate does."""
+    from rkv.adapters.hf_chat import ChatSession
+
+    model, tok = smollm2
+    with Engine.open(tmp_path / "s") as e:
+        pc = HFPrefixCache(e, model, model_id="SmolLM2-135M-Instruct-Q4_1")
+        chat = ChatSession(pc, tok, system="You answer in one short sentence.")
+        one = chat.say("What is a cache?", max_new_tokens=8, do_sample=False)
+        assert one.result.rows[0].restored == 0
+        ids = chat.prompt_ids("Give an example.")
+        assert ids[:len(chat.ids)] == chat.ids          # the model's own tokens, kept
+        two = chat.say("Give an example.", max_new_tokens=8, do_sample=False)
+        r = two.result.rows[0]
+        print(f"turn 2: {two.prompt_tokens} prompt tokens, {r.restored} restored")
+        assert r.restored == one.result.rows[0].stored
+        assert r.restored == one.prompt_tokens + len(one.result.new_tokens[0]) - 1
+        plain = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+        assert two.result.new_tokens[0] == plain[0, len(ids):].tolist()
+    Engine.destroy(tmp_path / "s")
