@@ -76,6 +76,18 @@ class LazyGroup(click.Group):
                         if c.value not in self.registry]
 
 
+class _Formatter(logging.Formatter):
+    """``rkv: warning: message`` (and the logger's name at debug level)."""
+
+    def __init__(self, names: bool) -> None:
+        super().__init__("%(asctime)s rkv: %(levelname)s: %(name)s: %(message)s" if names
+                         else "rkv: %(levelname)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.levelname = record.levelname.lower()
+        return super().format(record)
+
+
 def setup_logging(level: str) -> None:
     """One stderr handler on the root logger (replaced on each call, so a second :func:`main`
     in one process writes to the current stderr); rkv's own loggers at ``level``."""
@@ -84,7 +96,7 @@ def setup_logging(level: str) -> None:
         if getattr(h, "_rkv_cli", False):
             root.removeHandler(h)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("rkv: %(levelname)s: %(name)s: %(message)s"))
+    handler.setFormatter(_Formatter(level.lower() == "debug"))
     handler._rkv_cli = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > logging.WARNING:
@@ -129,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Exit as exc:          # --help, --version
         return int(exc.exit_code)
     except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":     # `rkv`, `rkv moe`: the help
+            print(exc.format_message(), file=sys.stderr)
+            return EXIT_USAGE
         where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         return _fail(f"{_one_line(exc.format_message())}{where}", EXIT_USAGE)
     except click.ClickException as exc:           # e.g. a bad file for click.File

@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast
 import click
 
 from rkv.commands import COMMANDS
-from rkv.errors import InputError
+from rkv.errors import ConfigError, InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,6 +71,17 @@ def check_writable(path: str | None, option: str) -> None:
     parent = Path(path).expanduser().resolve().parent
     if not parent.is_dir():
         raise InputError(f"{option} {path}: directory {parent} does not exist")
+
+
+def load_engine_config(path: str, option: str = "--config") -> Any:
+    """The EngineConfig in a TOML file; a problem is a ConfigError naming the option and
+    file."""
+    from rkv.config import EngineConfig
+
+    try:
+        return EngineConfig.load(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{option} {path}: {exc}") from None
 
 
 #: A store directory (existence is the store's to check: its message says what is wrong).

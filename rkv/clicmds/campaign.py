@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,15 +191,13 @@ def validate_cmd(**kw: Any) -> int:
 
 def cmd_validate(args: Any) -> int:
     from rkv.faults.validate import Z_LIMIT, markdown, run_matrix, to_json
+    from rkv.ui import Progress
 
     check_writable(args.json, "--json")
 
-    def progress(i: int, n: int, cell: Any) -> None:
-        print(f"\r{i}/{n} cells ({cell.model}, {cell.protection})", end="", file=sys.stderr,
-              flush=True)
-
-    cells = run_matrix(args.quick, trials=args.trials, workers=args.workers,
-                       progress=None if args.quiet or not sys.stderr.isatty() else progress)
+    with Progress("validate", None, unit="cell", quiet=args.quiet) as bar:
+        cells = run_matrix(args.quick, trials=args.trials, workers=args.workers,
+                           progress=lambda i, n, cell: bar.advance_to(i, n))
     print(markdown(cells))
     bad = [c for c in cells if not c.ok]
     print(f"\n{len(cells) - len(bad)} of {len(cells)} cells agree within |z| <= {Z_LIMIT:g}")

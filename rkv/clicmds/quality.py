@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from rkv.clicmds import call, command, json_flag, quiet_flag, split_list
+from rkv.clicmds import call, command, output_options, quiet_flag, split_list
 from rkv.clicmds.campaign import parse_params
 from rkv.errors import ConfigError
 
@@ -43,7 +43,7 @@ SOURCES = ("topics", "docs")
 @click.option("--eval", "eval", type=click.IntRange(min=1), default=64,
               help="tokens scored per window")
 @click.option("--threads", type=click.IntRange(min=1), default=2)
-@json_flag("print the rows as JSON")
+@output_options()
 @quiet_flag()
 def quality_cmd(**kw: Any) -> int:
     """Quality of KV through rkv on SmolLM2-135M: perplexity and KL at each bit-width, with
@@ -139,20 +139,27 @@ def cmd_quality(args: Any) -> int:
     log.info("quality: %d rows checked", len(settings))
 
     from rkv.quality import evaluate, format_table, load_smollm2, text_windows
+    from rkv.ui import Progress
 
-    loud = not args.quiet      # stderr, on a terminal or not: the model takes minutes
-    if loud:
-        print("loading SmolLM2-135M-Instruct (Q4_1 weights, fp32 compute)...", file=sys.stderr)
+    if not args.quiet:       # on a terminal or not: the model takes a minute to load
+        print("loading SmolLM2-135M-Instruct (Q4_1 weights, fp32 compute)...", file=sys.stderr,
+              flush=True)
     model, tok = load_smollm2(threads=args.threads)
     windows = text_windows(tok, args.windows, args.prefix + args.eval, sources=args.text)
     rows = []
-    for label, transform in settings:
-        if loud:
-            print(f"  {label}", file=sys.stderr)
-        log.info("evaluating %s", label)
-        rows.append(evaluate(model, windows, transform, label=label, prefix=args.prefix))
-    if args.json:
+    with Progress("quality", len(settings), unit="row", quiet=args.quiet, every_s=30.0) as bar:
+        for label, transform in settings:
+            bar.write(f"  {label}")
+            log.info("evaluating %s", label)
+            rows.append(evaluate(model, windows, transform, label=label, prefix=args.prefix))
+            bar.update()
+    if args.fmt == "json":
         print(json.dumps([q.row() for q in rows], indent=2))
+    elif args.fmt == "csv":
+        from rkv.ui import echo_table
+
+        echo_table([{k: v for k, v in q.row().items() if k not in ("ci95", "per_window")}
+                    for q in rows], fmt="csv")       # scalars only: one value per cell
     else:
         print(f"SmolLM2-135M-Instruct (weights 4-bit Q4_1), {len(windows)} windows of "
               f"{args.text}: {args.prefix}-token prefix from the cache under test, "

@@ -10,7 +10,16 @@ from typing import Any
 
 import click
 
-from rkv.clicmds import IN_FILE, STORE_PATH, call, command, json_flag, quiet_flag
+from rkv.clicmds import (
+    IN_FILE,
+    STORE_PATH,
+    call,
+    command,
+    json_flag,
+    load_engine_config,
+    output_options,
+    quiet_flag,
+)
 from rkv.errors import InputError, StoreError
 
 log = logging.getLogger(__name__)
@@ -38,7 +47,7 @@ def cmd_init(args: Any) -> int:
     from rkv.envconfig import apply_env
 
     root = Path(args.path).expanduser()
-    wanted = apply_env(EngineConfig.load(args.config) if args.config else None)
+    wanted = apply_env(load_engine_config(args.config) if args.config else None)
     wanted = wanted or EngineConfig()
     if (root / "index" / "data.mdb").exists():
         with Engine.open(root, create=False, readonly=True) as engine:
@@ -78,17 +87,27 @@ def _print_created(root: Path, cfg: Any, as_json: bool, *, existed: bool) -> Non
 # -- info ------------------------------------------------------------------------------------
 @command("info")
 @click.argument("path", type=STORE_PATH)
-@json_flag()
+@output_options()
 @click.option("--schedule", is_flag=True, help="also compute each tier's refresh age and "
               "scrub interval (docs/scrub-schedule.md; slow)")
 def info_cmd(**kw: Any) -> int:
-    """Show a store's tiers, usage, blocks and model fingerprints (read-only)."""
+    """Show a store's tiers, usage, blocks and model fingerprints (read-only). --json prints
+    everything; --csv the tiers table."""
     return call(cmd_info, **kw)
+
+
+def _tier_columns() -> list[Any]:
+    from rkv.ui import Column, human_bytes
+
+    return [Column("name"), Column("medium"), Column("blocks", align="right"),
+            Column("bytes", "used", "right", human_bytes),
+            Column("capacity_bytes", "capacity", "right", human_bytes), Column("ecc"),
+            Column("fault_model", "fault model"), Column("path")]
 
 
 def cmd_info(args: Any) -> int:
     from rkv.engine import Engine
-    from rkv.results import human_bytes
+    from rkv.ui import echo_table
 
     with Engine.open(args.path, create=False, readonly=True) as engine:
         st = engine.stats()
@@ -96,20 +115,20 @@ def cmd_info(args: Any) -> int:
         from rkv.faults.schedule_info import add_schedule, schedule_text
         log.info("computing the scrub schedules")
         add_schedule(st, engine.config.scrub_target_p_due)
-    if args.json:
+    tiers = [{"name": name, **t} for name, t in st["tiers"].items()]
+    if args.fmt == "json":
         print(json.dumps(st, indent=2, sort_keys=True))
+        return 0
+    if args.fmt == "csv":
+        echo_table(tiers, _tier_columns(), fmt="csv")
         return 0
     print(f"store        {st['path']}")
     print(f"chunk_tokens {st['chunk_tokens']}")
     print(f"chunks       {st['chunks']} ({st['tokens']} tokens; {st['shared_chunks']} shared, "
           f"{st['pinned_chunks']} pinned)")
     print("tiers:")
-    print(f"  {'name':<6} {'medium':<7} {'blocks':>8} {'used':>11} {'capacity':>11} "
-          f"{'ecc':<18} {'fault model':<12} path")
-    for name, t in st["tiers"].items():
-        print(f"  {name:<6} {t['medium']:<7} {t['blocks']:>8} {human_bytes(t['bytes']):>11} "
-              f"{human_bytes(t['capacity_bytes']):>11} {t['ecc']:<18} {t['fault_model']:<12} "
-              f"{t['path']}")
+    sys.stdout.flush()
+    echo_table(tiers, _tier_columns())
     from rkv.storemix import mix_table
     print(mix_table(st["tiers"]), end="")
     if args.schedule:
@@ -140,15 +159,11 @@ def verify_cmd(**kw: Any) -> int:
 
 def cmd_verify(args: Any) -> int:
     from rkv.engine import Engine
+    from rkv.ui import Progress
 
-    def progress(done: int, total: int) -> None:
-        if not args.quiet and sys.stderr.isatty() and (done == total or done % 64 == 0):
-            print(f"\rverifying chunk {done}/{total}", end="", file=sys.stderr, flush=True)
-
-    with Engine.open(args.path, create=False, readonly=not args.repair) as engine:
-        rep = engine.verify(progress=progress, repair=args.repair)
-    if not args.quiet and sys.stderr.isatty():
-        print(file=sys.stderr)
+    with (Engine.open(args.path, create=False, readonly=not args.repair) as engine,
+          Progress("verify", None, unit="chunk", quiet=args.quiet) as bar):
+        rep = engine.verify(progress=bar.advance_to, repair=args.repair)
     log.info("verified %s: %d chunks, clean=%s", args.path, rep.chunks, rep.clean)
     extra = {name: getattr(rep, name, 0) for name in _VERIFY_EXTRA}
     summary: dict[str, Any] = {

@@ -72,8 +72,9 @@ def run_time_campaign(args: Any, campaign: Any) -> int:
     b = base.base()
     sched = None
     if args.scrub == "auto" or args.refresh_hours is None:
-        print("computing the tier's scrub schedule from its fault model...", file=sys.stderr,
-              flush=True)
+        if not args.quiet:
+            print("computing the tier's scrub schedule from its fault model...",
+                  file=sys.stderr, flush=True)
         sched = schedule(b.model(), b.effective_protection(), b.data_bytes, args.target)
     if args.scrub == "auto":
         assert sched is not None
@@ -111,12 +112,18 @@ def run_time_campaign(args: Any, campaign: Any) -> int:
           f"{args.days:g} days, mean residency {base.residency:g} h (exponential)")
     print(f"target P(DUE) {args.target:g} per block per scrub interval = "
           f"{out['target_per_block_day']:.3g} per block-day")
-    print(f"{'':<24}{'block-days':>11}{'DUE/block-day [95% CI]':>34}{'SDC':>5}"
-          f"{'corrected':>10}{'refreshed':>10}{'scrub MB/s':>11}")
-    for name, r in out["runs"].items():
-        d = r["due"]
-        ci = f"{d['per_block_day']:.3g} [{d['lo']:.2g}, {d['hi']:.2g}] ({d['n']})"
-        print(f"{name:<24}{r['block_days']:>11.1f}{ci:>34}{r['sdc']['n']:>5}"
-              f"{r['scrub'].get('corrected', 0):>10}{r['scrub'].get('refreshed', 0):>10}"
-              f"{r['scrub_mb_per_s']:>11.3g}")
+    from rkv.ui import Column, echo_table
+
+    rows = [{"run": name, "block_days": r["block_days"],
+             "due": f"{r['due']['per_block_day']:.3g} [{r['due']['lo']:.2g}, "
+                    f"{r['due']['hi']:.2g}] ({r['due']['n']})",
+             "sdc": r["sdc"]["n"], "corrected": r["scrub"].get("corrected", 0),
+             "refreshed": r["scrub"].get("refreshed", 0), "scrub_mbps": r["scrub_mb_per_s"]}
+            for name, r in out["runs"].items()]
+    sys.stdout.flush()
+    echo_table(rows, [Column("run", ""), Column("block_days", "block-days", "right", ".1f"),
+                      Column("due", "DUE/block-day [95% CI]", "right"),
+                      Column("sdc", "SDC", "right"), Column("corrected", align="right"),
+                      Column("refreshed", align="right"),
+                      Column("scrub_mbps", "scrub MB/s", "right", ".3g")])
     return 0

@@ -9,7 +9,6 @@ before (and refuses the MoE options).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import sys
@@ -204,41 +203,36 @@ def describe(trace: MoETrace, source: Source, compute: float) -> str:
             f"{compute * 1e6:g} us of compute per layer")
 
 
-def _pct(v: float | None) -> str:
-    return "" if v is None else f"{100 * v:.1f}"
+def _columns() -> list[Any]:
+    from rkv.ui import Column
+
+    def pct(v: float) -> str:
+        return f"{100 * v:.1f}"
+
+    return [Column("label", "policy"), Column("budget"),
+            Column("hit_ratio", "hit %", "right", pct),
+            Column("bytes_per_token", "MB/token", "right", lambda v: f"{v / 1e6:.1f}"),
+            Column("precision", "precision %", "right", pct),
+            Column("recall", "recall %", "right", pct),
+            Column("stall_per_token", "stall ms/token", "right", lambda v: f"{1e3 * v:.2f}"),
+            Column("gap_closed", "gap closed %", "right", pct)]
 
 
-_COLUMNS = ("policy", "budget", "hit %", "MB/token", "precision %", "recall %",
-            "stall ms/token", "gap closed %")
+def table_rows(results: Sequence[MoEResult]) -> list[dict[str, Any]]:
+    return [{"label": r.label, "budget": r.budget, "hit_ratio": r.hit_ratio,
+             "bytes_per_token": r.bytes_per_token, "precision": r.precision,
+             "recall": r.recall, "stall_per_token": r.stall_per_token,
+             "gap_closed": r.gap_closed} for r in results]
 
 
-def rows(results: Sequence[MoEResult]) -> list[list[str]]:
-    return [[r.label, r.budget, _pct(r.hit_ratio), f"{r.bytes_per_token / 1e6:.1f}",
-             _pct(r.precision), _pct(r.recall), f"{1e3 * r.stall_per_token:.2f}",
-             _pct(r.gap_closed)] for r in results]
+def format_table(results: Sequence[MoEResult], *, markdown: bool = False,
+                 fmt: str | None = None) -> str:
+    """One row per (policy, prefetch, layout, budget) as text (a plain rich table),
+    ``markdown`` or ``fmt`` (``text``, ``markdown``, ``csv``, ``json``; :mod:`rkv.ui`)."""
+    from rkv.ui import render
 
-
-def format_table(results: Sequence[MoEResult], *, markdown: bool = False) -> str:
-    """One row per (policy, prefetch, layout, budget); Markdown or a rich table."""
-    body = rows(results)
-    if markdown:
-        lines = ["| " + " | ".join(_COLUMNS) + " |", "|---|---|" + "---:|" * 6]
-        lines += ["| " + " | ".join(r) + " |" for r in body]
-        return "\n".join(lines)
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # pragma: no cover - rich is installed in the dev venv
-        widths = [max(len(r[i]) for r in [list(_COLUMNS), *body]) for i in range(8)]
-        return "\n".join("  ".join(c.rjust(w) if i > 1 else c.ljust(w)
-                                   for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-                         for r in [list(_COLUMNS), *body])
-    t = Table(*_COLUMNS)
-    for r in body:
-        t.add_row(*r)
-    buf = io.StringIO()
-    Console(file=buf, width=160, color_system=None).print(t)
-    return buf.getvalue().rstrip("\n")
+    return render(table_rows(results), _columns(),
+                  fmt=fmt or ("markdown" if markdown else "text")).rstrip("\n")
 
 
 def to_json(results: Sequence[MoEResult], trace: MoETrace, source: Source, compute: float

@@ -326,9 +326,9 @@ def _tiers(path: str | None) -> tuple[tuple[Any, ...] | None, dict[str, Any]]:
     """(tiers, [placement] table) of an engine config (None, {}: the defaults)."""
     if path is None:
         return None, {}
-    from rkv.config import EngineConfig
+    from rkv.clicmds import load_engine_config
 
-    cfg = EngineConfig.load(path)
+    cfg = load_engine_config(path)
     return cfg.tiers, dict(cfg.placement)
 
 

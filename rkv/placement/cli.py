@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from rkv.clicmds import IN_FILE, OUT_FILE, call, check_writable, command
+from rkv.clicmds import IN_FILE, OUT_FILE, call, check_writable, command, load_engine_config
 from rkv.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def cmd_plan(args: Any) -> int:
     from rkv.placement.engine_plans import EnginePlacement
 
     check_writable(args.json, "--json")
-    cfg = EngineConfig.load(args.config) if args.config else EngineConfig()
+    cfg = load_engine_config(args.config) if args.config else EngineConfig()
     spec = _model(args.model)
     tier = args.tier or cfg.tiers[0].name
     cfg.tier(tier)
