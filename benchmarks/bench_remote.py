@@ -6,7 +6,8 @@
 Without ``--url`` a redis-server is started on a free loopback port (no persistence) and
 stopped at the end. The prefix is SmolLM2-135M's shape (30 layers, 3 KV heads, head dim 64,
 fp16; 256-token chunks: 480 blocks of 192 KiB for 4096 tokens, 94 MB of KV), stored by one
-engine whose only tier is the Redis tier, with and without MACs (a fresh namespace each).
+engine whose only tier is the Redis tier, with and without MACs (``--macs``: keyed blake2b,
+HMAC-SHA256), a fresh namespace each.
 
 Rows, each a median over ``--repeat`` passes taken in turn (ABAB...), throughput in GB/s of
 KV data:
@@ -73,10 +74,11 @@ def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def config(url: str, namespace: str, mac: bool) -> EngineConfig:
+def config(url: str, namespace: str, mac: str) -> EngineConfig:
     remote: dict[str, Any] = {"namespace": namespace}
-    if mac:
-        remote |= {"mac_keys": {"k1": f"env:{MAC_ENV}"}, "mac_key_id": "k1"}
+    if mac != "none":
+        remote |= {"mac_keys": {"k1": f"env:{MAC_ENV}"}, "mac_key_id": "k1",
+                   "mac_algorithm": mac}
     tier = TierConfig("remote", kind="redis", url=url, capacity_bytes=1 << 40, remote=remote)
     return EngineConfig(chunk_tokens=256, tiers=(tier,))
 
@@ -87,7 +89,7 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def run_mode(url: str, root: Path, mac: bool, tokens: int, repeat: int) -> dict[str, Any]:
+def run_mode(url: str, root: Path, mac: str, tokens: int, repeat: int) -> dict[str, Any]:
     spec = SMOLLM2
     rng = np.random.default_rng(0)
     toks = rng.integers(0, 50000, tokens)
@@ -162,6 +164,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--url", default=None, help="use this server instead of starting one")
     ap.add_argument("--json", default=None, help="write the results to this file")
+    ap.add_argument("--macs", default="none,blake2b,hmac-sha256",
+                    help="MAC algorithms to run (none: no MAC)")
     args = ap.parse_args()
     import os
 
@@ -172,7 +176,8 @@ def main() -> None:
         url = args.url
         if url is None:
             proc, url = start_server(root)
-        results = [run_mode(url, root, mac, args.tokens, args.repeat) for mac in (False, True)]
+        results = [run_mode(url, root, mac, args.tokens, args.repeat)
+                   for mac in args.macs.split(",")]
     finally:
         if proc is not None:
             proc.terminate()
@@ -181,10 +186,10 @@ def main() -> None:
     print(f"remote get, {args.tokens}-token SmolLM2-135M prefix "
           f"({results[0]['kv_bytes'] / 1e6:.1f} MB of KV), medians of {args.repeat}; "
           f"ratio = raw MGET time / row time")
-    print(f"{'MAC':<4} {'row':<22} {'median ms':>10} {'GB/s':>7} {'vs raw MGET':>12}")
+    print(f"{'MAC':<12} {'row':<22} {'median ms':>10} {'GB/s':>7} {'vs raw MGET':>12}")
     for r in results:
         for name, row in r["rows"].items():
-            print(f"{'yes' if r['mac'] else 'no':<4} {name:<22} {1e3 * row['median_s']:>10.1f} "
+            print(f"{r['mac']:<12} {name:<22} {1e3 * row['median_s']:>10.1f} "
                   f"{row['gbps']:>7.2f} {row['ratio']:>11.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": platform.machine(),

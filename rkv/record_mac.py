@@ -6,7 +6,8 @@ records")::
     offset   size  field
     0        4     magic b"RKVA"
     4        1     envelope version, 1
-    5        1     MAC algorithm, 1 = keyed blake2b-256 (person "rkv-mac-v1")
+    5        1     MAC algorithm: 1 = keyed blake2b-256 (person "rkv-mac-v1"),
+                   2 = HMAC-SHA256
     6        1     n: length of the key id (1 to 32)
     7        1     reserved, 0
     8        n     key id (ASCII)
@@ -17,7 +18,9 @@ The MAC covers the envelope's head (magic to key id), the block key the value is
 (its length as one byte, then its bytes) and the whole record. So a record sealed under one
 block key fails under another, and without a key a writer cannot make a value that verifies:
 a forged, re-keyed, moved, truncated or corrupted value is an :class:`AuthenticationError`.
-Several keys may verify (rotation: the key id picks one), one seals.
+Several keys may verify (rotation: the key id picks one), one seals. A tier uses one
+algorithm: keyed blake2b (the default), or HMAC-SHA256, about twice as fast where the CPU
+has SHA instructions (OpenSSL uses them); a value sealed with the other is rejected.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from rkv.errors import AuthenticationError, ConfigError
 MAGIC = b"RKVA"
 VERSION = 1
 ALG_BLAKE2B = 1
+ALG_HMAC_SHA256 = 2
+ALGORITHMS = {"blake2b": ALG_BLAKE2B, "hmac-sha256": ALG_HMAC_SHA256}
 MAC_BYTES = 32
 PERSON = b"rkv-mac-v1"
 
@@ -40,7 +45,13 @@ class MacKeys:
     """The keys of one authenticated tier: ``keys`` (id -> key bytes) verify, ``write_id``
     seals. The keys themselves are never shown (repr, errors, stats show ids)."""
 
-    def __init__(self, keys: Mapping[str, bytes], write_id: str) -> None:
+    def __init__(self, keys: Mapping[str, bytes], write_id: str,
+                 algorithm: str = "blake2b") -> None:
+        if algorithm not in ALGORITHMS:
+            raise ConfigError(f"MAC algorithm must be one of {sorted(ALGORITHMS)}, got "
+                              f"{algorithm!r}")
+        self.algorithm = algorithm
+        self._alg = ALGORITHMS[algorithm]
         if write_id not in keys:
             raise ConfigError(f"MAC key {write_id!r} is not among the configured keys")
         for kid in keys:
@@ -49,7 +60,7 @@ class MacKeys:
         self._keys = {kid.encode("ascii"): bytes(k) for kid, k in keys.items()}
         self.write_id = write_id
         wid = write_id.encode("ascii")
-        self._head = MAGIC + bytes([VERSION, ALG_BLAKE2B, len(wid), 0]) + wid
+        self._head = MAGIC + bytes([VERSION, self._alg, len(wid), 0]) + wid
         self._write_key = self._keys[wid]
 
     @property
@@ -57,15 +68,16 @@ class MacKeys:
         return sorted(k.decode("ascii") for k in self._keys)
 
     def __repr__(self) -> str:
-        return f"MacKeys(ids={self.ids}, write_id={self.write_id!r})"
+        return (f"MacKeys(ids={self.ids}, write_id={self.write_id!r}, "
+                f"algorithm={self.algorithm!r})")
 
-    @staticmethod
-    def _mac(key: bytes, head: bytes, block_key: bytes, record: Any) -> bytes:
-        h = hashlib.blake2b(key=key, digest_size=MAC_BYTES, person=PERSON)
+    def _mac(self, key: bytes, head: bytes, block_key: bytes, record: Any) -> bytes:
+        h: Any = (hashlib.blake2b(key=key, digest_size=MAC_BYTES, person=PERSON)
+                  if self._alg == ALG_BLAKE2B else hmac.new(key, digestmod="sha256"))
         h.update(head)
         h.update(bytes([len(block_key)]) + block_key)
         h.update(record)
-        return h.digest()
+        return h.digest()  # type: ignore[no-any-return]
 
     def seal(self, block_key: bytes, record: Any) -> bytes:
         """The envelope of ``record`` (bytes-like) stored under ``block_key``."""
@@ -80,7 +92,7 @@ class MacKeys:
         where = f"record {block_key.hex()[:16]}"
         if view.nbytes < 8 or bytes(view[:4]) != MAGIC:
             raise AuthenticationError(f"{where} is not sealed (no MAC envelope): rejected")
-        if view[4] != VERSION or view[5] != ALG_BLAKE2B or view[7] != 0:
+        if view[4] != VERSION or view[5] != self._alg or view[7] != 0:
             raise AuthenticationError(f"{where}: unknown MAC envelope {bytes(view[4:8]).hex()}")
         n = view[6]
         start = 8 + n + MAC_BYTES

@@ -8,8 +8,8 @@ asks each shared remote tier for the next chunks' block keys (:meth:`RemoteShare
   chunks present, a second reads the first bytes of every layer (the record's preludes and
   a header copy, after the MAC envelope on an authenticated tier). A chunk is adopted when
   every layer is there and its header verifies and says what the key asks for: the chunk
-  key, the layer, the model fingerprint, the shape of that chunk's tokens, and the length
-  of the value. Adoption stops at the first chunk that fails.
+  key, the layer, the model fingerprint and the shape of that chunk's tokens (its length
+  is checked by the read). Adoption stops at the first chunk that fails.
 * **Adopt**: the chunks found are written to the local index as blocks of the remote tier
   (one mutation); nothing is copied. The get that follows reads them through the normal
   read path, which verifies every record in full (MAC, header vote, checksum, ECC).
@@ -122,19 +122,15 @@ class RemoteShare:
         lens = tier._call(lambda c: _pipe(c, [("strlen", tier.key(block_key(k, 0)))
                                               for k in wanted]))
         present = {k for k, n in zip(wanted, lens, strict=True) if n}
-        heads: dict[bytes, list[tuple[bytes, int]]] = {}
+        heads: dict[bytes, list[bytes]] = {}
         first = [k for k in wanted if k in present]
         if first:
             L = spec.n_layers
-            cmds: list[tuple[str, bytes]] = []
-            for k in first:
-                for layer in range(L):
-                    bk = tier.key(block_key(k, layer))
-                    cmds += [("getrange", bk), ("strlen", bk)]
+            cmds = [("getrange", tier.key(block_key(k, layer)))
+                    for k in first for layer in range(L)]
             got = tier._call(lambda c: _pipe(c, cmds))
             for j, k in enumerate(first):
-                part = got[2 * L * j:2 * L * (j + 1)]
-                heads[k] = [(part[2 * i], int(part[2 * i + 1])) for i in range(L)]
+                heads[k] = got[L * j:L * (j + 1)]
         now = time.time_ns()
         out = []
         for keys, start, n_tokens in todo:
@@ -150,15 +146,15 @@ class RemoteShare:
         return out
 
     def _entry(self, tier: RedisTier, name: str, keys: list[bytes], i: int,
-               bound: tuple[int, int], heads: list[tuple[bytes, int]] | None,
+               bound: tuple[int, int], heads: list[bytes] | None,
                spec: ModelSpec, fp: bytes, now: int) -> ChunkMeta | None:
         """The index entry of chunk ``i`` from its layers' first bytes (None: not usable)."""
         if heads is None or keys[i] in self.bad:
             return None
         n = bound[1] - bound[0]
         blocks, written = [], []
-        for layer, (head, total) in enumerate(heads):
-            if not total:
+        for layer, head in enumerate(heads):
+            if not head:             # (GETRANGE of a missing key: empty)
                 return None
             try:
                 skip = _envelope(head, keys[i]) if tier.macs is not None else 0
@@ -167,8 +163,7 @@ class RemoteShare:
                 self.engine._count(remote_probe_rejected=1)
                 return None
             if (header.key != keys[i] or header.layer != layer or header.fingerprint != fp
-                    or header.shape != spec.block_shape(n) or header.dtype != spec.dtype
-                    or size + skip != total):
+                    or header.shape != spec.block_shape(n) or header.dtype != spec.dtype):
                 return None
             blocks.append((name, size))
             written.append(header.written_ns or 0)
@@ -270,7 +265,7 @@ class RemoteShare:
 
 
 def _pipe(client: Any, cmds: list[tuple[str, bytes]]) -> list[Any]:
-    """One round trip of ``getrange`` (the first :data:`PROBE_BYTES`) and ``strlen``."""
+    """One round trip of ``strlen`` or ``getrange`` (the first :data:`PROBE_BYTES`)."""
     pipe = client.pipeline(transaction=False)
     for op, key in cmds:
         if op == "strlen":

@@ -169,7 +169,7 @@ class RedisTier(Tier):
         if settings.authenticated:
             keys = {kid: mac_key(src, f"tier {spec.name}: remote.mac_keys.{kid}")
                     for kid, src in settings.mac_keys.items()}
-            self.macs = MacKeys(keys, settings.mac_key_id)
+            self.macs = MacKeys(keys, settings.mac_key_id, settings.mac_algorithm)
         kw = _connection_kwargs(settings, spec.name)
         try:
             self._pool: redis.ConnectionPool | None = redis.ConnectionPool.from_url(
@@ -313,6 +313,7 @@ class RedisTier(Tier):
             "shared": self.shared,
             "authenticated": self.macs is not None,
             "mac_key_ids": self.macs.ids if self.macs is not None else [],
+            "mac_algorithm": self.macs.algorithm if self.macs is not None else None,
             "records": None,       # counting would scan a namespace other nodes share
             "map_bytes": 0,
             "file_bytes": 0,

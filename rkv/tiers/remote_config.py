@@ -93,7 +93,8 @@ class RemoteSettings:
     from it (the server's ``maxmemory`` policy or ``ttl_s`` reclaims space), and with
     ``write_through`` every chunk a put stores in a local tier is copied there too, so
     other nodes find it (best effort: a failed copy is counted, the put stands). ``mac_keys``
-    (key id -> secret source) authenticates records; ``mac_key_id`` seals new ones.
+    (key id -> secret source) authenticates records; ``mac_key_id`` seals new ones;
+    ``mac_algorithm``: ``"blake2b"`` (keyed) or ``"hmac-sha256"``.
     ``window_bytes`` bounds one batched read (MGET)."""
 
     url: str
@@ -114,6 +115,7 @@ class RemoteSettings:
     ttl_s: int = 0
     mac_keys: dict[str, str] = field(default_factory=dict)
     mac_key_id: str = ""
+    mac_algorithm: str = "blake2b"
     window_bytes: int = 32 << 20
 
     def __post_init__(self) -> None:
@@ -156,6 +158,9 @@ class RemoteSettings:
             raise ConfigError(f"{what}.mac_key_id must be a string")
         if self.mac_key_id and self.mac_key_id not in self.mac_keys:
             raise ConfigError(f"{what}.mac_key_id {self.mac_key_id!r} is not in mac_keys")
+        if self.mac_algorithm not in ("blake2b", "hmac-sha256"):
+            raise ConfigError(f"{what}.mac_algorithm must be 'blake2b' or 'hmac-sha256', got "
+                              f"{self.mac_algorithm!r}")
         if self.mac_keys and not self.mac_key_id:
             raise ConfigError(f"{what}: mac_keys given without mac_key_id (the key that seals "
                               "new records)")

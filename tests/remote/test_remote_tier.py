@@ -98,6 +98,8 @@ def test_ttl_expires_values(redis_server: RedisServer) -> None:
     ({"remote": {"mac_keys": {"k1": "literal"}, "mac_key_id": "k1"}}, "env:VAR"),
     ({"remote": {"timeout_s": 0}}, "timeout_s"),
     ({"remote": {"namespace": "a b"}}, "namespace"),
+    ({"remote": {"mac_keys": {"k1": "env:X"}, "mac_key_id": "k1", "mac_algorithm": "md5"}},
+     "mac_algorithm"),
     ({"kind": "s3"}, "kind"),
 ])
 def test_bad_remote_config(bad: dict[str, Any], match: str) -> None:
