@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from policies.base import Reason
+from rkv.blockcodec import header_stages
 from rkv.decisions import free_chunk
 from rkv.errors import AuthenticationError, RkvError, TierUnavailableError
 from rkv.index import ChunkMeta
@@ -36,6 +37,7 @@ from rkv.record import peek_header
 from rkv.record_mac import MAC_BYTES
 from rkv.record_mac import MAGIC as MAC_MAGIC
 from rkv.results import MISSING, UNCORRECTABLE, BlockLog
+from rkv.storemix import stages_label
 from rkv.tiers.base import Tier
 from rkv.txn import Pending
 
@@ -72,6 +74,7 @@ class RemoteShare:
         #: Chunks whose shared record failed verification here: not adopted again until
         #: this engine stores them itself (so a put rewrites them instead of deduplicating).
         self.bad: set[bytes] = set()
+        self._warned = False
 
     def _tiers(self) -> list[tuple[str, RedisTier]]:
         out = []
@@ -152,13 +155,14 @@ class RemoteShare:
         if heads is None or keys[i] in self.bad:
             return None
         n = bound[1] - bound[0]
-        blocks, written = [], []
+        blocks, written, pipes = [], [], []
         for layer, head in enumerate(heads):
             if not head:             # (GETRANGE of a missing key: empty)
                 return None
             try:
                 skip = _envelope(head, keys[i]) if tier.macs is not None else 0
                 header, size = peek_header(head[skip:])
+                pipes.append(stages_label(*header_stages(header)))
             except RkvError:
                 self.engine._count(remote_probe_rejected=1)
                 return None
@@ -169,7 +173,7 @@ class RemoteShare:
             written.append(header.written_ns or 0)
         return ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=n,
                          fingerprint=fp, blocks=tuple(blocks), end=i == len(keys) - 1,
-                         at=now, written=tuple(written))
+                         at=now, written=tuple(written), pipes=tuple(pipes))
 
     def _adopt(self, txn: Any, found: list[tuple[list[bytes], int, list[ChunkMeta]]],
                spec: ModelSpec) -> int:
@@ -219,9 +223,12 @@ class RemoteShare:
                 tier.put_many(items[i:i + 64])
         except RkvError as exc:
             engine._count(remote_write_errors=1)
-            log.warning("tier %s: write-through failed (%s); the put is kept locally", name,
-                        exc)
+            if not self._warned:         # once per outage, not once per put
+                self._warned = True
+                log.warning("tier %s: write-through failed (%s); puts are kept locally "
+                            "until it works again", name, exc)
             return 0
+        self._warned = False
         engine._count(remote_written_through=len(items))
         return len(items)
 

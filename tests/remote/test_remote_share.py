@@ -59,7 +59,9 @@ def test_two_processes_share_a_prefix(tmp_path: Path, redis_server: RedisServer)
         got = b.get(list(range(70)), model=SMALL)
         assert got.n_tokens == 70
         np.testing.assert_array_equal(got.kv, kv)
-        assert b.stats()["session"]["remote_adopted"] == 5
+        st = b.stats()
+        assert st["session"]["remote_adopted"] == 5
+        assert list(st["tiers"]["remote"]["mix"]) == ["16-bit + none"]   # labelled
         # B extends A's prefix: its first 4 full chunks are A's (the partial one differs).
         longer = random_kv(SMALL, 100, seed=9)
         longer[:, :, :64] = kv[:, :, :64]
