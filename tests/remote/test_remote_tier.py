@@ -266,3 +266,33 @@ def test_acl_user_limited_to_its_keys(tmp_path: Path, auth_redis: RedisServer,
     t.put(b"\x05" * 34, b"ok")
     assert t.get(b"\x05" * 34) == b"ok"
     t.close()
+
+
+def test_missing_server_fails_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without redis-server the remote tests fail with a message, never skip silently."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(pytest.fail.Exception, match="not installed"):
+        RedisServer(tmp_path)
+
+
+def test_peek_header() -> None:
+    from rkv.errors import CorruptRecordError, TruncatedRecordError
+    from rkv.record import RecordHeader, encode_array_record, peek_header
+
+    block = random_kv(SMALL, 16, seed=9)[1]
+    h = RecordHeader(key=bytes(range(32)), layer=1, fingerprint=SMALL.fingerprint(),
+                     shape=block.shape, dtype="float16", data_len=0, payload_len=0,
+                     written_ns=7)
+    rec = bytearray(encode_array_record(h, block).tobytes())
+    got, size = peek_header(rec[:1024])
+    assert (got.key, got.layer, got.shape, got.written_ns, size) == (
+        h.key, 1, block.shape, 7, len(rec))
+    rec[40] ^= 1                                  # first header copy damaged: the second
+    assert peek_header(rec[:1024])[0].key == h.key
+    with pytest.raises(TruncatedRecordError):
+        peek_header(rec[:10])
+    assert peek_header(b"XXXX" + bytes(rec[4:1024]))[0].key == h.key   # one prelude lost
+    with pytest.raises(CorruptRecordError):
+        peek_header(b"X" * 16 + bytes(rec[16:1024]))
