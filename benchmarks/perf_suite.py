@@ -7,7 +7,7 @@ Runs ``bench_engine.py`` (put, get and get out= against raw LMDB; put_many again
 at a time; the first layer of a layer stream against a full get) and ``bench_threads.py``
 (one thread against the codec pool), each writing its JSON under benchmarks/results/, then
 prints one markdown table of the ratios next to the targets of docs/performance.md. With
-``--hf`` it also runs ``bench_hf.py`` (time to first token, cold / warm / warm streamed on
+``--hf`` it also runs ``bench_hf_stream.py`` (time to first token, cold / warm / warm streamed on
 SmolLM2-135M, 4-bit Q4_1 weights). Timings are never asserted; the machine is shared, so
 each script records its load.
 """
@@ -75,7 +75,7 @@ def main() -> None:
     hf = None
     if args.hf:
         hf_json = RESULTS / "hf_stream.json"
-        run("bench_hf.py", "--repeat", str(max(2, int(rep) - 1)), "--prefix", "2048",
+        run("bench_hf_stream.py", "--repeat", str(max(2, int(rep) - 1)), "--prefix", "2048",
             "--suffix", "16", "--json", str(hf_json))
         hf = json.loads(hf_json.read_text())
     table = rows(json.loads(engine_json.read_text()), json.loads(threads_json.read_text()), hf)
