@@ -146,7 +146,8 @@ def _print_rich(rows: list[Mapping[str, Any]], cols: list[Column], title: str, f
                   header_style="bold" if styled else "", title_style="bold" if styled else "",
                   show_edge=False, pad_edge=False)
     for c in cols:
-        table.add_column(Text(c.title), justify=c.align, no_wrap=width is None)
+        table.add_column(Text(c.title), justify=c.align, no_wrap=not styled and width is None,
+                         overflow="fold")
     for r in rows:
         table.add_row(*(Text(c.text(r.get(c.key))) for c in cols))
     if styled:
