@@ -110,7 +110,7 @@ def setup_logging(level: str) -> None:
                                "max_content_width": 100})
 @click.version_option(package_name="rkv", prog_name="rkv", message="%(prog)s %(version)s")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False),
-              default="warning", envvar="RKV_LOG_LEVEL", show_envvar=False,
+              default="warning",
               help="messages of rkv's loggers at this level and above go to stderr")
 def cli(log_level: str) -> None:
     """rkv: a reliability-aware tiered storage engine for LLM KV caches.

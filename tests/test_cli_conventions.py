@@ -227,3 +227,13 @@ def test_entry_point_bash_completion() -> None:
            "COMP_CWORD": "1"}
     r = subprocess.run(_rkv(), capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and "faultmodels" in r.stdout
+
+
+def test_campaign_help_defaults_match_the_config() -> None:
+    from dataclasses import fields
+
+    from rkv.clicmds.campaign import SHOWN_DEFAULTS
+    from rkv.faults.campaign import CampaignConfig
+
+    defaults = {f.name: f.default for f in fields(CampaignConfig)}
+    assert {k: defaults[k] for k in SHOWN_DEFAULTS} == SHOWN_DEFAULTS

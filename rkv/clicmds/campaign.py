@@ -23,6 +23,18 @@ from rkv.faults.overtime_cli import time_options
 
 log = logging.getLogger(__name__)
 
+#: CampaignConfig defaults shown in --help (importing rkv.faults.campaign takes ~0.5 s; a test
+#: checks these against it).
+SHOWN_DEFAULTS: dict[str, Any] = {"hours": 24.0, "trials": 100, "blocks": 8, "chunk_tokens": 256,
+                                  "kv_heads": 3, "head_dim": 64, "dtype": "float16",
+                                  "bits": 16, "seed": 0, "workers": 1, "sampling": "auto",
+                                  "tier": "nvme", "ber_multiplier": 1.0}
+
+
+def _d(name: str) -> str:
+    return f"  [default: {SHOWN_DEFAULTS[name]}, or --config's]"
+
+
 #: Campaign options that override the --config file when given.
 _OVERRIDES = ("tier", "protection", "hours", "trials", "blocks", "seed", "workers", "sampling",
               "rows", "chunk_tokens", "kv_heads", "head_dim", "dtype", "bits", "ber_multiplier")
@@ -32,7 +44,7 @@ _OVERRIDES = ("tier", "protection", "hours", "trials", "blocks", "seed", "worker
 @click.option("--config", type=IN_FILE, default=None,
               help="TOML file with the campaign settings (options override it)")
 @click.option("--tier", type=click.Choice(["dram", "cxl", "nvme"]), default=None,
-              help="start from this default tier's fault model and protection")
+              help="start from this default tier's fault model and protection" + _d("tier"))
 @click.option("--fault-model", default=None, help="fault model preset (`rkv faultmodels` "
               "lists them: dram-ddr4, dram-ddr5, cxl, nvme-tlc, raw-ber, ...)")
 @click.option("--param", multiple=True, metavar="KEY=VALUE",
@@ -40,20 +52,31 @@ _OVERRIDES = ("tier", "protection", "hours", "trials", "blocks", "seed", "worker
 @click.option("--protection", default=None,
               help="codec spec (rs(255,239), bch(m=13,t=8), shardrs(k=16,m=2)), 'none' "
                    "(end-to-end checksum only) or 'raw' (nothing)")
-@click.option("--hours", type=float, default=None, help="residency time in hours")
+@click.option("--hours", type=float, default=None,
+              help="residency time in hours" + _d("hours"))
 @click.option("--ber-multiplier", type=float, default=None,
-              help="every fault x times as frequent (accelerated testing)")
-@click.option("--trials", type=click.IntRange(min=1), default=None)
-@click.option("--blocks", type=click.IntRange(min=1), default=None, help="blocks per trial")
-@click.option("--chunk-tokens", type=click.IntRange(min=1), default=None)
-@click.option("--kv-heads", type=click.IntRange(min=1), default=None)
-@click.option("--head-dim", type=click.IntRange(min=1), default=None)
-@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default=None)
+              help="every fault x times as frequent (accelerated testing)"
+              + _d("ber_multiplier"))
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="trials (independent stores)" + _d("trials"))
+@click.option("--blocks", type=click.IntRange(min=1), default=None,
+              help="blocks per trial" + _d("blocks"))
+@click.option("--chunk-tokens", type=click.IntRange(min=1), default=None,
+              help="tokens per block" + _d("chunk_tokens"))
+@click.option("--kv-heads", type=click.IntRange(min=1), default=None,
+              help="KV heads of the block shape" + _d("kv_heads"))
+@click.option("--head-dim", type=click.IntRange(min=1), default=None,
+              help="head dimension of the block shape" + _d("head_dim"))
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default=None,
+              help="KV dtype" + _d("dtype"))
 @click.option("--bits", type=click.Choice(["16", "8", "4", "2"]), default=None,
-              help="quantize blocks to this many bits (KIVI) before protecting them")
-@click.option("--seed", type=int, default=None)
-@click.option("--workers", type=click.IntRange(min=1), default=None)
-@click.option("--sampling", type=click.Choice(["auto", "direct", "conditional"]), default=None)
+              help="quantize blocks to this many bits (KIVI) before protecting them"
+              + _d("bits"))
+@click.option("--seed", type=int, default=None, help="random seed" + _d("seed"))
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="worker processes" + _d("workers"))
+@click.option("--sampling", type=click.Choice(["auto", "direct", "conditional"]), default=None,
+              help="how faults are drawn (docs/rare-events.md)" + _d("sampling"))
 @click.option("--tilt", default=None, metavar="auto|FACTOR",
               help="importance sampling for rare outcomes: 'auto', or a count tilt factor "
                    "(0: off; see docs/rare-events.md)")

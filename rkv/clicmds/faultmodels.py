@@ -56,6 +56,8 @@ def parameter_rows(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                                  param_hint="'NAME'")
     row = next(r for r in preset_rows() if r["name"] == name)
     full = faultmodels.get_model(name).params()
+    log.debug("preset %s: %d parameters, %d set by the file", name, len(full),
+              len(row["parameters"]))
     params = [{"parameter": k, "value": v, "from": "preset" if k in row["parameters"]
                else "default"} for k, v in full.items() if k not in ("model", "source")]
     return row, params

@@ -19,6 +19,7 @@ from rkv.moe.replay_cli import dispatch, moe_options, moe_params
               help="policy spec, e.g. lru or s3fifo(small=0.1), optionally with an admission "
                    "policy: prefix+after(n=2) (repeatable)  [default: every registered policy]")
 @click.option("--markdown", is_flag=True, help="print Markdown tables")
+@click.option("--csv", is_flag=True, help="print the results table alone as CSV")
 @click.option("--lookahead", type=int, multiple=True, metavar="N",
               help="also replay with a scheduler that knows the next N queued requests (their "
                    "cached blocks are not evicted; with --tiers they are also prefetched into "
@@ -66,6 +67,9 @@ def replay_cmd(**kw: Any) -> int:
     through expert caches and prefetchers (docs/replay.md, docs/moe.md)."""
     for name in ("policy", "lookahead", "capacity", "tiers"):
         kw[name] = list(kw[name])
+    if kw["csv"] and kw["markdown"]:
+        raise click.UsageError("--csv and --markdown exclude each other")
+    kw["fmt"] = "csv" if kw.pop("csv") else "markdown" if kw["markdown"] else "text"
     return call(_run, **moe_params(kw))
 
 

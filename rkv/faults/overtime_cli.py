@@ -104,6 +104,8 @@ def run_time_campaign(args: Any, campaign: Any) -> int:
         if not args.quiet and not args.json:
             print(f"running: {name} ({cfg.trials} x {cfg.blocks} blocks, {cfg.days:g} days)",
                   file=sys.stderr)
+        log.info("over time: %s, %d stores x %d blocks, %g days", name, cfg.trials,
+                 cfg.blocks, cfg.days)
         out["runs"][name] = run_over_time(cfg).to_dict()
     if args.json:
         print(json.dumps(out, indent=2))

@@ -20,7 +20,7 @@ from rkv.cli import LazyGroup
 from rkv.commands import COMMANDS
 from rkv.errors import InputError
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: ``rkv moe`` subcommands: name -> ("module:attr", short help), imported when run.
@@ -136,4 +136,6 @@ def cmd_trace(args: Any) -> int:
             log(f"window {i + 1}/{len(windows)}: {len(ids)} tokens")
         n = w.t
     log(f"wrote {n} tokens x {moe.spec.layers} layers to {args.out}")
+    logger.info("trace %s: %d tokens, %d windows, top-%d of %d", args.out, n, len(windows),
+                args.top_k, args.experts)
     return 0

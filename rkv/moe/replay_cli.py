@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +36,7 @@ from rkv.moe.replay import (
     run_matrix,
     source_tier,
 )
+from rkv.ui import Column, Progress, render
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -158,13 +158,19 @@ def cli_moe_replay(args: Any) -> int:
     layouts = (PER_LAYER,) if args.per_layer else (GLOBAL,)
     if HINTS in prefetch and trace.hints is None and args.prefetch:
         raise ConfigError(f"{args.trace} carries no hints: drop 'hints' from --prefetch")
-    progress = None if args.quiet or not sys.stderr.isatty() else _progress
-    results = run_matrix(trace, args.policy or DEFAULT_POLICIES,
-                         args.budget or DEFAULT_BUDGETS, prefetch, layouts, width=args.width,
-                         source=source, compute=compute, progress=progress)
-    print(describe(trace, source, compute))
-    print()
-    print(format_table(results, markdown=args.markdown))
+    log.info("MoE replay of %s: %d tokens, %d layers x %d experts", trace.path, trace.tokens,
+             trace.layers, trace.experts)
+    with Progress("replay", None, unit="run", quiet=bool(args.quiet)) as bar:
+        results = run_matrix(trace, args.policy or DEFAULT_POLICIES,
+                             args.budget or DEFAULT_BUDGETS, prefetch, layouts,
+                             width=args.width, source=source, compute=compute,
+                             progress=lambda msg: bar.update(note=msg))
+    if args.fmt == "csv":           # the table alone, on stdout
+        print(format_table(results, fmt="csv"))
+    else:
+        print(describe(trace, source, compute))
+        print()
+        print(format_table(results, fmt=args.fmt))
     if args.json:
         doc = to_json(results, trace, source, compute)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -187,10 +193,6 @@ def _split(arg: str) -> list[str]:
     return [p for p in [*out, cur] if p.strip()]
 
 
-def _progress(msg: str) -> None:
-    print(f"  replaying {msg}", file=sys.stderr, flush=True)
-
-
 def describe(trace: MoETrace, source: Source, compute: float) -> str:
     from rkv.results import human_bytes
 
@@ -204,8 +206,6 @@ def describe(trace: MoETrace, source: Source, compute: float) -> str:
 
 
 def _columns() -> list[Any]:
-    from rkv.ui import Column
-
     def pct(v: float) -> str:
         return f"{100 * v:.1f}"
 
@@ -229,8 +229,6 @@ def format_table(results: Sequence[MoEResult], *, markdown: bool = False,
                  fmt: str | None = None) -> str:
     """One row per (policy, prefetch, layout, budget) as text (a plain rich table),
     ``markdown`` or ``fmt`` (``text``, ``markdown``, ``csv``, ``json``; :mod:`rkv.ui`)."""
-    from rkv.ui import render
-
     return render(table_rows(results), _columns(),
                   fmt=fmt or ("markdown" if markdown else "text")).rstrip("\n")
 

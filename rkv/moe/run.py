@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from rkv.errors import ConfigError, InputError, RecordMismatchError, StoreError
 from rkv.moe.cli import SUBCOMMANDS, model_options
 from rkv.moe.experts import ExpertWeights
 
+logger = logging.getLogger(__name__)
 DEFAULT_PROMPT = "Explain in three sentences why computers use a cache."
 # --prefetch NAME -> (prefetch policy, prefetch_mode, model hints, lookahead)
 PREFETCH: dict[str, tuple[str | None, str, bool, bool]] = {
@@ -389,6 +391,8 @@ def cmd_run(args: Any) -> int:
         res["resident"] = summary(r)
         res["identical"] = r.tokens == g.tokens
         res["ratio"] = g.decode_tps / r.decode_tps
+    logger.info("moe run: %d tokens, decode %.2f tokens/s, store %s", len(g.tokens),
+                g.decode_tps, path)
     print_report(res)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=float) + "\n")

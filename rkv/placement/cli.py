@@ -69,6 +69,7 @@ def cmd_plan(args: Any) -> int:
     planner = placement.planner(spec)
     plan = planner.plan(placement.blocks(spec, tokens, len(tokens)),
                         [placement.tier_input(tier)])
+    log.info("plan: %d blocks for %d tokens on tier %s", len(plan.blocks), args.tokens, tier)
     print(f"plan: {spec.model_id}, {args.tokens} tokens in {len(tokens)} chunk(s) of {n}, "
           f"tier {tier} ({cfg.tier(tier).fault_model}), {len(plan.blocks)} blocks; "
           f"profile: {planner.profile.model if planner.profile else 'none (16 bits only)'}")
