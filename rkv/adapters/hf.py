@@ -74,13 +74,17 @@ def as_torch_kv(kv: Any, dtype: Any = None) -> Any:
     return kv if dtype is None or kv.dtype == dtype else kv.to(dtype)
 
 
-def cache_from_kv(kv: Any, config: Any = None, *, dtype: Any = None) -> Any:
+def cache_from_kv(kv: Any, config: Any = None, *, dtype: Any = None, device: Any = None
+                  ) -> Any:
     """A batch-1 ``DynamicCache`` holding ``kv`` (``[layers, 2, tokens, kv_heads, head_dim]``,
-    numpy or torch), converted to the torch ``dtype`` if given."""
+    numpy or torch), converted to the torch ``dtype`` and moved to ``device`` if given."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
-    t = as_torch_kv(kv, dtype).permute(0, 1, 3, 2, 4)  # -> [L, 2, heads, T, D]
+    t = as_torch_kv(kv, dtype)
+    if device is not None:
+        t = t.to(device)
+    t = t.permute(0, 1, 3, 2, 4)  # -> [L, 2, heads, T, D]
     for layer in range(t.shape[0]):
         cache.update(t[layer, 0].unsqueeze(0).contiguous(), t[layer, 1].unsqueeze(0).contiguous(),
                      layer)
@@ -134,7 +138,7 @@ class HFPrefixCache:
         if not n:
             return 0, None, read
         return n, cache_from_kv(read.kv[:, :, :n], self.model.config,
-                                dtype=self.model.dtype), read
+                                dtype=self.model.dtype, device=self.model.device), read
 
     def put(self, items: list[tuple[list[int], Any]]) -> int:
         """Store ``(tokens, kv tensor in the model's dtype)`` items, converted to the spec's
@@ -167,7 +171,7 @@ class HFPrefixCache:
         if len(rows) != 1:
             raise ShapeError(f"prefill takes one prompt, got {len(rows)} (generate takes many)")
         tokens = rows[0]
-        ids = torch.tensor([tokens])
+        ids = torch.tensor([tokens], device=self.model.device)
         t0 = time.perf_counter()
         if stream and len(tokens) > 1:
             got = self._prefill_streamed(ids, tokens, t0)
@@ -205,7 +209,7 @@ class HFPrefixCache:
 
             try:
                 cache = streamed_cache(self.model.config, self.spec.n_layers, pull,
-                                       self.model.dtype)
+                                       self.model.dtype, self.model.device)
                 with torch.no_grad():
                     out = self.model(ids[:, restored:], cache=cache, use_cache=True)
                 cache.finish()

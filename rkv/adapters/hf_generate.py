@@ -97,8 +97,8 @@ def generate(pc: HFPrefixCache, input_ids: Any, attention_mask: Any = None, *,
             cache = got[0][1] if got[0][1] is not None else DynamicCache(config=model.config)
         else:
             cache = _left_padded(model, rows, got, width)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long, device=model.device)
+        mask = torch.zeros_like(ids)
         for b, r in enumerate(rows):
             ids[b, width - len(r):] = torch.tensor(r)
             mask[b, width - len(r):] = 1
@@ -118,7 +118,7 @@ def generate(pc: HFPrefixCache, input_ids: Any, attention_mask: Any = None, *,
         n = min(len(r) + len(new[b]), have - pos)
         toks = (r + new[b])[:n]
         kept.append(n if pc.store else 0)
-        if tuple(toks) not in items:      # equal rows: one put
+        if pc.store and tuple(toks) not in items:      # equal rows: one put
             kv = kv_tensor(cache, row=b, start=pos, stop=pos + n)
             items[tuple(toks)] = kv
             # The prompt, and all of it but its last token (the most a call with the same
@@ -173,14 +173,16 @@ def _left_padded(model: Any, rows: list[list[int]], got: list[tuple[int, Any, An
     for r, (restored, cache, _) in zip(rows, got, strict=True):
         if len(r) - 1 > restored:
             cache = cache if cache is not None else DynamicCache(config=model.config)
-            cache = model(torch.tensor([r[restored:-1]]), cache=cache, use_cache=True).cache
+            cache = model(torch.tensor([r[restored:-1]], device=model.device), cache=cache,
+                          use_cache=True).cache
         per_row.append(cache)
     batch = DynamicCache(config=model.config)
     if length == 0:
         return batch
     one = next(c for c in per_row if c is not None).layers[0].keys
     for layer in range(len(batch.layers)):
-        k = torch.zeros((len(rows), one.shape[1], length, one.shape[3]), dtype=one.dtype)
+        k = torch.zeros((len(rows), one.shape[1], length, one.shape[3]), dtype=one.dtype,
+                        device=one.device)
         v = torch.zeros_like(k)
         for b, c in enumerate(per_row):
             if c is not None:

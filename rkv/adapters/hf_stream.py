@@ -22,15 +22,18 @@ from rkv.errors import IntegrityError
 Pull = Callable[[], tuple[int, np.ndarray]]
 
 
-def _tensor(kv: np.ndarray, dtype: Any) -> Any:
+def _tensor(kv: np.ndarray, dtype: Any, device: Any) -> Any:
     from rkv.adapters.hf import as_torch_kv
 
-    return as_torch_kv(kv, dtype).permute(0, 2, 1, 3)   # [2, T, heads, D] -> [2, heads, T, D]
+    t = as_torch_kv(kv, dtype)
+    t = t if device is None else t.to(device)
+    return t.permute(0, 2, 1, 3)        # [2, T, heads, D] -> [2, heads, T, D]
 
 
-def streamed_cache(config: Any, n_layers: int, pull: Pull, dtype: Any = None) -> Any:
+def streamed_cache(config: Any, n_layers: int, pull: Pull, dtype: Any = None,
+                   device: Any = None) -> Any:
     """A :class:`StreamedCache` (built lazily: transformers is imported only here); the
-    layers are converted to the torch ``dtype`` if given (the model's)."""
+    layers are converted to the torch ``dtype`` and moved to ``device`` (the model's)."""
     from transformers import DynamicCache
 
     class StreamedCache(DynamicCache):   # type: ignore[misc]
@@ -45,7 +48,7 @@ def streamed_cache(config: Any, n_layers: int, pull: Pull, dtype: Any = None) ->
                 if got != self._loaded:
                     raise IntegrityError(f"layer stream gave layer {got}, expected "
                                          f"{self._loaded}")
-                t = _tensor(kv, dtype)
+                t = _tensor(kv, dtype, device)
                 DynamicCache.update(self, t[0].unsqueeze(0).contiguous(),
                                     t[1].unsqueeze(0).contiguous(), got)
                 self._loaded += 1
