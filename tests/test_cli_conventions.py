@@ -237,3 +237,36 @@ def test_campaign_help_defaults_match_the_config() -> None:
 
     defaults = {f.name: f.default for f in fields(CampaignConfig)}
     assert {k: defaults[k] for k in SHOWN_DEFAULTS} == SHOWN_DEFAULTS
+
+
+def _all_commands() -> list[list[str]]:
+    from rkv.moe.cli import SUBCOMMANDS
+
+    return [[n] for n in COMMANDS if n != "moe"] + [["moe", n] for n in SUBCOMMANDS]
+
+
+@pytest.mark.parametrize("argv", _all_commands(), ids=" ".join)
+def test_every_command_has_help_with_defaults(capsys: pytest.CaptureFixture[str],
+                                              argv: list[str]) -> None:
+    assert main([*argv, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"Usage: rkv {' '.join(argv)} ")
+    if argv[-1] not in ("init", "info", "verify", "migrate", "destroy", "faultmodels"):
+        assert "[default: " in out               # (those have only flags and paths)
+
+
+def test_internal_error_is_one_line_exit_70(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from rkv.engine import Engine
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(Engine, "open", broken)
+    assert main(["info", str(tmp_path)]) == 70
+    err = capsys.readouterr().err
+    assert err == ("rkv: error: internal error: ZeroDivisionError: a bug (run with --log-level "
+                   "debug for the traceback)\n")
+    assert main(["--log-level", "debug", "info", str(tmp_path)]) == 70
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("rkv: error:")
