@@ -151,8 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, click.Abort):
         print("rkv: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:                       # `rkv ... | head`
-        sys.stderr.close()
+    except BrokenPipeError:                       # `rkv ... | head`: not an error
+        _silence_stdout()
         return EXIT_OK
     except Exception as exc:
         from rkv.errors import IntegrityError, RkvError
@@ -164,6 +164,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.debug("internal error", exc_info=exc)
         return _fail(f"internal error: {type(exc).__name__}: {_one_line(str(exc))} (run with "
                      "--log-level debug for the traceback)", EXIT_INTERNAL)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of a closed pipe does not
+    fail again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):   # no real file descriptor (captured)
+        pass
 
 
 def _is_user_error(exc: BaseException) -> bool:

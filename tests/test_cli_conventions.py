@@ -270,3 +270,10 @@ def test_internal_error_is_one_line_exit_70(tmp_path: Path, capsys: pytest.Captu
     assert main(["--log-level", "debug", "info", str(tmp_path)]) == 70
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("rkv: error:")
+
+
+def test_completion_of_preset_names() -> None:
+    env = {**os.environ, "_RKV_COMPLETE": "bash_complete",
+           "COMP_WORDS": "rkv campaign --fault-model nv", "COMP_CWORD": "3"}
+    r = subprocess.run(_rkv(), capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.split() == ["plain,nvme-tlc"]

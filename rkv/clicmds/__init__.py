@@ -64,6 +64,14 @@ def split_list(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return ",".join(p.strip() for p in value.split(",") if p.strip())
 
 
+def complete_presets(ctx: click.Context, param: click.Parameter, incomplete: str
+                     ) -> list[str]:
+    """Shell completion of a fault-model preset name."""
+    import faultmodels
+
+    return [p for p in faultmodels.list_presets() if p.startswith(incomplete)]
+
+
 def check_writable(path: str | None, option: str) -> None:
     """Refuse an output file whose directory is missing, before any work."""
     if path is None:

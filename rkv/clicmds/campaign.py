@@ -15,6 +15,7 @@ from rkv.clicmds import (
     call,
     check_writable,
     command,
+    complete_presets,
     json_flag,
     quiet_flag,
 )
@@ -45,8 +46,9 @@ _OVERRIDES = ("tier", "protection", "hours", "trials", "blocks", "seed", "worker
               help="TOML file with the campaign settings (options override it)")
 @click.option("--tier", type=click.Choice(["dram", "cxl", "nvme"]), default=None,
               help="start from this default tier's fault model and protection" + _d("tier"))
-@click.option("--fault-model", default=None, help="fault model preset (`rkv faultmodels` "
-              "lists them: dram-ddr4, dram-ddr5, cxl, nvme-tlc, raw-ber, ...)")
+@click.option("--fault-model", default=None, shell_complete=complete_presets,
+              help="fault model preset (`rkv faultmodels` lists them: dram-ddr4, dram-ddr5, "
+                   "cxl, nvme-tlc, raw-ber, ...)")
 @click.option("--param", multiple=True, metavar="KEY=VALUE",
               help="override a fault model parameter (repeatable), e.g. pe_cycles=3000")
 @click.option("--protection", default=None,

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from rkv.clicmds import command, output_options
+from rkv.clicmds import command, complete_presets, output_options
 
 log = logging.getLogger(__name__)
 #: The first line of a preset file: ``# rkv faultmodels preset: NAME (DESCRIPTION)``.
@@ -64,7 +64,7 @@ def parameter_rows(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 @command("faultmodels")
-@click.argument("name", required=False, default=None)
+@click.argument("name", required=False, default=None, shell_complete=complete_presets)
 @output_options()
 def faultmodels_cmd(name: str | None, fmt: str) -> int:
     """List the fault-model presets with their model and parameters; with NAME, that

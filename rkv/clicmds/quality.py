@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from rkv.clicmds import call, command, output_options, quiet_flag, split_list
+from rkv.clicmds import call, command, complete_presets, output_options, quiet_flag, split_list
 from rkv.clicmds.campaign import parse_params
 from rkv.errors import ConfigError
 
@@ -27,7 +27,7 @@ SOURCES = ("topics", "docs")
 @click.option("--ber", type=click.FloatRange(min=0, max=1, max_open=True), default=1e-5,
               help="bit error rate of the fault rows (0: none)")
 @click.option("--ecc", default="rs(255,239)", help="the ECC of the protected rows")
-@click.option("--fault-model", default=None,
+@click.option("--fault-model", default=None, shell_complete=complete_presets,
               help="inject a tier model's faults instead of --ber (e.g. nvme-tlc; "
                    "`rkv faultmodels` lists them)")
 @click.option("--param", multiple=True, metavar="KEY=VALUE",
