@@ -88,21 +88,33 @@ class _Formatter(logging.Formatter):
         return super().format(record)
 
 
+#: What setup_logging changed, for teardown_logging: (handler, {logger: its old level}).
+_installed: list[tuple[logging.Handler, dict[str, int]]] = []
+
+
 def setup_logging(level: str) -> None:
-    """One stderr handler on the root logger (replaced on each call, so a second :func:`main`
-    in one process writes to the current stderr); rkv's own loggers at ``level``."""
+    """One stderr handler on the root logger; rkv's own loggers at ``level`` (others at
+    warning). :func:`main` undoes it when the command returns."""
+    teardown_logging()
     root = logging.getLogger()
-    for h in list(root.handlers):
-        if getattr(h, "_rkv_cli", False):
-            root.removeHandler(h)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter(level.lower() == "debug"))
-    handler._rkv_cli = True  # type: ignore[attr-defined]
+    old = {"": root.level, **{n: logging.getLogger(n).level for n in _OUR_LOGGERS}}
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > logging.WARNING:
         root.setLevel(logging.WARNING)
     for name in _OUR_LOGGERS:
         logging.getLogger(name).setLevel(level.upper())
+    _installed.append((handler, old))
+
+
+def teardown_logging() -> None:
+    """Remove the handler and restore the levels :func:`setup_logging` set."""
+    while _installed:
+        handler, old = _installed.pop()
+        logging.getLogger().removeHandler(handler)
+        for name, lvl in old.items():
+            logging.getLogger(name or None).setLevel(lvl)
 
 
 @click.group(cls=LazyGroup, registry=COMMANDS, sections=SECTIONS,
@@ -112,14 +124,15 @@ def setup_logging(level: str) -> None:
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False),
               default="warning",
               help="messages of rkv's loggers at this level and above go to stderr")
-def cli(log_level: str) -> None:
+@click.pass_context
+def cli(ctx: click.Context, log_level: str) -> None:
     """rkv: a reliability-aware tiered storage engine for LLM KV caches.
 
     Run `rkv COMMAND --help` for a command's options. Exit status: 0 ok, 1 corruption found,
     2 a usage, configuration or input error, 130 interrupted (docs/cli.md).
     """
     setup_logging(log_level)
-    log.debug("rkv %s", " ".join(sys.argv[1:]))
+    log.debug("rkv %s, log level %s", ctx.invoked_subcommand, log_level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.debug("internal error", exc_info=exc)
         return _fail(f"internal error: {type(exc).__name__}: {_one_line(str(exc))} (run with "
                      "--log-level debug for the traceback)", EXIT_INTERNAL)
+    finally:
+        teardown_logging()
 
 
 def _silence_stdout() -> None:

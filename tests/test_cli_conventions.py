@@ -120,9 +120,14 @@ def test_registry_resolves_and_sections_list_every_command() -> None:
 
 def test_log_level_debug_logs_to_stderr(tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    before = (logging.getLogger("rkv").level, list(logging.getLogger().handlers))
     assert main(["--log-level", "debug", "info", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "rkv: debug:" in err and err.strip().splitlines()[-1].startswith("rkv: error:")
+    # main() leaves logging as it found it
+    assert (logging.getLogger("rkv").level, list(logging.getLogger().handlers)) == before
     assert main(["--log-level", "loud", "info", "x"]) == 2
     assert "--log-level" in capsys.readouterr().err
 
