@@ -1,4 +1,5 @@
-"""Authenticated records: a keyed blake2b MAC around a record, for tiers other nodes write.
+"""Authenticated records: a MAC (HMAC-SHA256 or keyed blake2b) around a record, for tiers
+other nodes write.
 
 An authenticated tier stores each record in an envelope (docs/format.md, "Authenticated
 records")::
@@ -19,8 +20,9 @@ The MAC covers the envelope's head (magic to key id), the block key the value is
 block key fails under another, and without a key a writer cannot make a value that verifies:
 a forged, re-keyed, moved, truncated or corrupted value is an :class:`AuthenticationError`.
 Several keys may verify (rotation: the key id picks one), one seals. A tier uses one
-algorithm: keyed blake2b (the default), or HMAC-SHA256, about twice as fast where the CPU
-has SHA instructions (OpenSSL uses them); a value sealed with the other is rejected.
+algorithm: HMAC-SHA256 (the default: about twice as fast as keyed blake2b where the CPU has
+SHA instructions, which OpenSSL uses; benchmarks/bench_remote.py), or keyed blake2b; a value
+sealed with the other is rejected.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class MacKeys:
     seals. The keys themselves are never shown (repr, errors, stats show ids)."""
 
     def __init__(self, keys: Mapping[str, bytes], write_id: str,
-                 algorithm: str = "blake2b") -> None:
+                 algorithm: str = "hmac-sha256") -> None:
         if algorithm not in ALGORITHMS:
             raise ConfigError(f"MAC algorithm must be one of {sorted(ALGORITHMS)}, got "
                               f"{algorithm!r}")

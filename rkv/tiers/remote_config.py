@@ -94,7 +94,8 @@ class RemoteSettings:
     ``write_through`` every chunk a put stores in a local tier is copied there too, so
     other nodes find it (best effort: a failed copy is counted, the put stands). ``mac_keys``
     (key id -> secret source) authenticates records; ``mac_key_id`` seals new ones;
-    ``mac_algorithm``: ``"blake2b"`` (keyed) or ``"hmac-sha256"``.
+    ``mac_algorithm``: ``"hmac-sha256"`` (default: OpenSSL uses the CPU's SHA instructions,
+    about twice keyed blake2b's speed here) or ``"blake2b"`` (keyed).
     ``window_bytes`` bounds one batched read (MGET)."""
 
     url: str
@@ -115,7 +116,7 @@ class RemoteSettings:
     ttl_s: int = 0
     mac_keys: dict[str, str] = field(default_factory=dict)
     mac_key_id: str = ""
-    mac_algorithm: str = "blake2b"
+    mac_algorithm: str = "hmac-sha256"
     window_bytes: int = 32 << 20
 
     def __post_init__(self) -> None:

@@ -75,8 +75,9 @@ def test_any_change_is_rejected(alg: str, data: st.DataObject) -> None:
 
 
 def test_algorithms_do_not_mix() -> None:
-    b2, hs = MacKeys({"k1": K1}, "k1"), MacKeys({"k1": K1}, "k1", "hmac-sha256")
+    b2, hs = MacKeys({"k1": K1}, "k1", "blake2b"), MacKeys({"k1": K1}, "k1")   # default: hmac
     assert bytes(hs.open(BK, hs.seal(BK, b"r"))) == b"r"
+    assert hs.seal(BK, b"r")[5] == 2                  # the envelope names HMAC-SHA256
     for a, b in ((b2, hs), (hs, b2)):
         with pytest.raises(AuthenticationError, match="unknown MAC envelope"):
             a.open(BK, b.seal(BK, b"r"))
