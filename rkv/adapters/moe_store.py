@@ -285,7 +285,9 @@ def tier_path(root: Path, t: TierConfig) -> Path:
 
 
 def open_tiers(root: Path, cfgs: Sequence[TierConfig], readonly: bool) -> dict[str, Tier]:
-    return {t.name: open_tier(TierSpec(t.name, t.capacity_bytes, t.map_bytes, t.sync, t.reads),
+    # A redis tier opens as one (its settings ride on the spec), never as a local LMDB.
+    return {t.name: open_tier(TierSpec(t.name, t.capacity_bytes, t.map_bytes, t.sync, t.reads,
+                                       t.remote_settings()),
                               tier_path(root, t), readonly) for t in cfgs}
 
 
