@@ -22,14 +22,12 @@ accelerated with them; ``with_latent_hours`` changes the base's window.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ._checks import split_params
 from .base import EventClass, FaultModel, binomial_class, poisson_class
+from .checks import as_float, split_params
 from .errors import FaultModelError
 from .rawber import RawBerModel
 
@@ -38,12 +36,7 @@ __all__ = ["AcceleratedModel", "accelerate", "check_multiplier"]
 
 def check_multiplier(x: Any) -> float:
     """``x`` as a float if it is a finite number > 0, else :class:`FaultModelError`."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise FaultModelError(f"ber_multiplier must be a number, got {x!r}")
-    v = float(x)
-    if not (v > 0.0 and math.isfinite(v)):
-        raise FaultModelError(f"ber_multiplier must be a finite number > 0, got {x!r}")
-    return v
+    return as_float(x, "ber_multiplier", lo=0.0, lo_open=True)
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._checks import check_hours, check_nbytes
 from ._dist import zt_binomial, zt_poisson
+from .checks import as_float, check_hours, check_nbytes
 from .errors import FaultModelError
 from .pattern import ERASURE_KINDS, EVENT_KINDS, ErrorPattern
 
@@ -182,8 +182,7 @@ TILT_CAP = 0.5
 
 
 def _check_tilt(s: float) -> None:
-    if not (isinstance(s, int | float) and not isinstance(s, bool) and 0.0 < s < math.inf):
-        raise FaultModelError(f"tilt factor must be a finite number > 0, got {s!r}")
+    as_float(s, "tilt factor", lo=0.0, lo_open=True, plain=True)
 
 
 def poisson_class(rate: EventRate, realize: Realize) -> EventClass:

@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._checks import as_float, as_int, as_str, split_params
 from ._dist import distinct
 from .base import (
     ErrorPattern,
@@ -36,6 +35,7 @@ from .base import (
     binomial_class,
     poisson_class,
 )
+from .checks import as_float, as_int, as_str, split_params
 from .dram import DramModel
 from .errors import FaultModelError
 

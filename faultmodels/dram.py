@@ -66,14 +66,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import dram_secded
-from ._checks import (
-    as_bool,
-    as_choice,
-    as_float,
-    as_int,
-    as_str,
-    split_params,
-)
 from ._dist import IntArray
 from ._dram_geom import (
     _hit_origin,
@@ -89,6 +81,15 @@ from .base import (
     EventRate,
     FaultModel,
     poisson_class,
+)
+from .checks import (
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    as_table,
+    one_of,
+    split_params,
 )
 from .dram_modes import (
     MODE_KIND,
@@ -144,12 +145,8 @@ class DramModel(FaultModel):
     latent_hours: float = 0.0  # mean hours a permanent fault stays undetected (0: off)
 
     def __post_init__(self) -> None:
-        w = as_int(self.device_width, "dram.device_width")
-        if w not in (4, 8):
-            raise FaultModelError(f"dram.device_width must be 4 or 8, got {w}")
-        bus = as_int(self.bus_bits, "dram.bus_bits")
-        if bus not in (32, 64):
-            raise FaultModelError(f"dram.bus_bits must be 32 or 64, got {bus}")
+        w = one_of(as_int(self.device_width, "dram.device_width"), (4, 8), "dram.device_width")
+        bus = one_of(as_int(self.bus_bits, "dram.bus_bits"), (32, 64), "dram.bus_bits")
         set_ = object.__setattr__
         set_(self, "device_width", w)
         set_(self, "bus_bits", bus)
@@ -159,7 +156,7 @@ class DramModel(FaultModel):
         set_(self, "ranks", as_int(self.ranks, "dram.ranks", lo=1))
         set_(self, "row_bytes", as_int(self.row_bytes, "dram.row_bytes", lo=wb))
         set_(self, "poison_bytes", as_int(self.poison_bytes, "dram.poison_bytes", lo=wb))
-        set_(self, "system_ecc", as_choice(self.system_ecc, "dram.system_ecc", ECC_CHOICES))
+        set_(self, "system_ecc", one_of(self.system_ecc, ECC_CHOICES, "dram.system_ecc"))
         set_(self, "on_die_ecc", as_bool(self.on_die_ecc, "dram.on_die_ecc"))
         set_(self, "scrub_hours", as_float(self.scrub_hours, "dram.scrub_hours", lo=0.0))
         set_(self, "fit_multiplier",
@@ -486,9 +483,8 @@ class DramModel(FaultModel):
                  "modes", "source", "latent_hours")
         kw = split_params(d, cls.name, names)
         if "modes" in kw:
-            given = kw["modes"]
-            if not isinstance(given, Mapping):
-                raise FaultModelError("dram.modes must be a table of mode name -> parameters")
+            given = as_table(kw["modes"], "dram.modes",
+                             what="a table of mode name -> parameters")
             merged = dict(default_modes())
             for name, md in given.items():
                 if name not in MODE_NAMES:
@@ -497,8 +493,7 @@ class DramModel(FaultModel):
                 if isinstance(md, DramMode):
                     merged[name] = md
                     continue
-                if not isinstance(md, Mapping):
-                    raise FaultModelError(f"dram.modes.{name} must be a table")
+                md = as_table(md, f"dram.modes.{name}")
                 merged[name] = mode_from_dict(name, {**merged[name].params(), **md})
             kw["modes"] = tuple((n, merged[n]) for n in MODE_NAMES)
         return cls(**kw)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import as_float, as_int, check_keys
+from .checks import as_float, as_int, check_keys
 from .errors import FaultModelError
 
 __all__ = ["MODE_KIND", "MODE_NAMES", "SC12_FIT", "DramMode", "default_modes", "mode_from_dict",

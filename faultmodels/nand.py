@@ -44,7 +44,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import nand_field, nand_raw, wordecc
-from ._checks import as_choice, as_float, as_int, as_str, split_params
 from ._dist import (
     FloatArray,
     IntArray,
@@ -62,6 +61,7 @@ from .base import (
     binomial_class,
     poisson_class,
 )
+from .checks import as_float, as_int, as_str, one_of, split_params
 from .errors import FaultModelError
 
 __all__ = ["BOLTZMANN_EV", "NandModel"]
@@ -139,7 +139,7 @@ class NandModel(FaultModel):
              f(self.activation_energy_ev, "nand.activation_energy_ev", lo=0.0))
         for k in ("rber_a", "rber_b", "rber_c", "rber_d", "rber_pe_exp", "rber_time_exp"):
             set_(self, k, f(getattr(self, k), f"nand.{k}"))
-        set_(self, "rber_form", as_choice(self.rber_form, "nand.rber_form", RBER_FORMS))
+        set_(self, "rber_form", one_of(self.rber_form, RBER_FORMS, "nand.rber_form"))
         set_(self, "rber_fresh", f(self.rber_fresh, "nand.rber_fresh", lo=0.0, hi=0.5))
         set_(self, "rber_pe_scale", f(self.rber_pe_scale, "nand.rber_pe_scale", lo=0.0,
                                       lo_open=True))
@@ -154,7 +154,7 @@ class NandModel(FaultModel):
                                     finite=False))
         set_(self, "overdispersion",
              f(self.overdispersion, "nand.overdispersion", lo=0.0, hi=1.0, hi_open=True))
-        set_(self, "device_ecc", as_choice(self.device_ecc, "nand.device_ecc", ECC_CHOICES))
+        set_(self, "device_ecc", one_of(self.device_ecc, ECC_CHOICES, "nand.device_ecc"))
         set_(self, "ecc_bits_per_kib", as_int(self.ecc_bits_per_kib, "nand.ecc_bits_per_kib",
                                               lo=0))
         set_(self, "ecc_codeword_bytes",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import check_nbytes
+from .checks import check_nbytes
 from .errors import FaultModelError
 
 EVENT_KINDS = frozenset(

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._checks import as_bool, as_float, as_str, check_hours, split_params
 from ._dist import distinct
 from .base import ErrorPattern, EventClass, EventRate, FaultModel, binomial_class
+from .checks import as_bool, as_float, as_str, check_hours, split_params
 
 __all__ = ["RawBerModel"]
 

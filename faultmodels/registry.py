@@ -28,6 +28,24 @@ __all__ = [
 ]
 
 _MODELS: dict[str, type[FaultModel]] = {}
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    """Register the shipped models (once, on first lookup: the package loads lazily). A
+    model registered before under the same name keeps its place."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True
+    from .accel import AcceleratedModel
+    from .cxl import CxlModel
+    from .dram import DramModel
+    from .nand import NandModel
+    from .rawber import RawBerModel
+
+    for cls in (RawBerModel, DramModel, CxlModel, NandModel, AcceleratedModel):
+        _MODELS.setdefault(cls.name, cls)
 
 
 def register_model(cls: type[FaultModel]) -> type[FaultModel]:
@@ -40,10 +58,12 @@ def register_model(cls: type[FaultModel]) -> type[FaultModel]:
 
 
 def model_names() -> list[str]:
+    _load_builtins()
     return sorted(_MODELS)
 
 
 def model_class(name: str) -> type[FaultModel]:
+    _load_builtins()
     try:
         return _MODELS[name]
     except (KeyError, TypeError):
