@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -183,11 +184,16 @@ def as_rows(input_ids: Any, attention_mask: Any = None) -> list[list[int]]:
 
     if isinstance(input_ids, list | tuple) and input_ids and isinstance(input_ids[0],
                                                                          list | tuple):
-        rows = [[int(t) for t in r] for r in input_ids]
+        try:
+            rows = [[operator.index(t) for t in r] for r in input_ids]
+        except TypeError as exc:
+            raise ShapeError(f"token ids must be integers: {exc}") from exc
         if attention_mask is not None:
             raise ShapeError("attention_mask goes with a [batch, tokens] tensor, not lists")
     else:
         ids = torch.as_tensor(input_ids)
+        if ids.is_floating_point() and ids.numel():
+            raise ShapeError(f"token ids must be integers, got {ids.dtype}")
         if ids.ndim == 1:
             ids = ids.unsqueeze(0)
         if ids.ndim != 2:

@@ -216,3 +216,7 @@ def test_generation_arguments_are_honoured_or_refused(model: Any, tmp_path: Path
             pc.generate(torch.tensor([[1, 2, 3]]), torch.tensor([[1, 0, 1]]))
         with pytest.raises(ShapeError, match="empty"):
             pc.generate([[]])
+        with pytest.raises(ShapeError, match="integers"):
+            pc.generate([[1.0, 2.5]])
+        with pytest.raises(ShapeError, match="integers"):
+            pc.generate(torch.tensor([[1.0, 2.0]]))
