@@ -11,12 +11,14 @@ from rkv.record import decode_record
 
 
 def tiny(layers: int = 2, dtype: Any = None, **config: Any) -> Any:
-    """A random Llama (64 wide, vocab 97), seeded, in eval mode, in ``dtype``."""
+    """A random Llama (64 wide, vocab 97 unless ``config`` says), seeded, in eval mode, in
+    ``dtype``."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+    config = {"vocab_size": 97, **config}
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=layers, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=512,
                                    **config)
