@@ -9,6 +9,15 @@ from typing import Any, Literal
 
 import tomli_w
 
+from rkv.checks import (
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    as_table,
+    check_keys,
+    one_of,
+)
 from rkv.errors import ConfigError
 
 GiB = 1 << 30
@@ -19,20 +28,8 @@ OnFull = Literal["evict", "error"]
 
 
 def _check_fields(cls: type, d: Any, what: str) -> dict[str, Any]:
-    if not isinstance(d, dict):
-        raise ConfigError(f"{what} must be a table/dict, got {type(d).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = set(d) - known
-    if unknown:
-        raise ConfigError(f"unknown {what} keys: {sorted(unknown)} (known: {sorted(known)})")
+    check_keys(as_table(d, what), (f.name for f in fields(cls)), what)
     return dict(d)
-
-
-def _number(value: Any, name: str, *, minimum: float = 0.0, integer: bool = False) -> None:
-    ok_type = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, ok_type) or value < minimum:
-        kind = "an int" if integer else "a number"
-        raise ConfigError(f"{name} must be {kind} >= {minimum}, got {value!r}")
 
 
 def _check_policy(spec: Any, what: str, capacity: int, *, kind: str = "eviction") -> None:
@@ -40,8 +37,7 @@ def _check_policy(spec: Any, what: str, capacity: int, *, kind: str = "eviction"
     from policies import make_admission, make_policy, make_prefetch, split_spec
     from policies.base import PolicyError
 
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"{what} must be a spec string such as 'lru', got {spec!r}")
+    as_str(spec, what, nonempty=True, what="a spec string such as 'lru'")
     try:
         if kind == "admission":
             make_admission(spec)
@@ -103,36 +99,28 @@ class TierConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ConfigError(f"tier name must be an identifier-like string, got {self.name!r}")
-        if self.kind not in ("lmdb", "redis"):
-            raise ConfigError(f"tier {self.name}: kind must be 'lmdb' or 'redis', got "
-                              f"{self.kind!r}")
+        t = f"tier {self.name}: "
+        one_of(self.kind, ("lmdb", "redis"), t + "kind")
         if self.kind == "lmdb" and (self.url or self.remote):
             raise ConfigError(f"tier {self.name}: url and remote apply to kind = 'redis' only")
         try:
             self.remote_settings()
         except ConfigError as exc:
             raise ConfigError(f"tier {self.name}: {exc}") from exc
-        if self.medium not in ("memory", "disk"):
-            raise ConfigError(f"tier {self.name}: medium must be 'memory' or 'disk'")
-        if not isinstance(self.path, str):
-            raise ConfigError(f"tier {self.name}: path must be a string")
-        _number(self.capacity_bytes, f"tier {self.name}: capacity_bytes", minimum=1, integer=True)
-        _number(self.map_bytes, f"tier {self.name}: map_bytes", integer=True)
+        one_of(self.medium, ("memory", "disk"), t + "medium")
+        as_str(self.path, t + "path")
+        as_int(self.capacity_bytes, t + "capacity_bytes", lo=1)
+        as_int(self.map_bytes, t + "map_bytes", lo=0)
         if 0 < self.map_bytes < self.capacity_bytes:
             raise ConfigError(f"tier {self.name}: map_bytes must be 0 (automatic) or at least "
-                              "capacity_bytes")
+                              f"capacity_bytes, got {self.map_bytes!r}")
         for name in ("read_gbps", "write_gbps"):
-            _number(getattr(self, name), f"tier {self.name}: {name}", minimum=1e-9)
-        _number(self.latency_us, f"tier {self.name}: latency_us")
-        if not isinstance(self.fault_model, str) or not self.fault_model:
-            raise ConfigError(f"tier {self.name}: fault_model must be a preset name")
-        if not isinstance(self.sync, bool):
-            raise ConfigError(f"tier {self.name}: sync must be a bool")
-        if self.reads not in ("mmap", "pread"):
-            raise ConfigError(f"tier {self.name}: reads must be 'mmap' (zero-copy) or 'pread' "
-                              f"(SIGBUS-safe), got {self.reads!r}")
-        if not isinstance(self.ecc, str) or not self.ecc.strip():
-            raise ConfigError(f"tier {self.name}: ecc must be a codec spec such as 'rs(255,239)'")
+            as_float(getattr(self, name), t + name, lo=1e-9, finite=False)
+        as_float(self.latency_us, t + "latency_us", lo=0.0, finite=False)
+        as_str(self.fault_model, t + "fault_model", nonempty=True, what="a preset name")
+        as_bool(self.sync, t + "sync")
+        one_of(self.reads, ("mmap", "pread"), t + "reads")
+        as_str(self.ecc, t + "ecc", nonempty=True, what="a codec spec such as 'rs(255,239)'")
         if self.ecc.strip().lower() != "none":
             from rkv.ecc import get_codec  # imported only when a tier uses ECC (numba)
 
@@ -141,8 +129,7 @@ class TierConfig:
             except ConfigError as exc:
                 raise ConfigError(f"tier {self.name}: bad ecc {self.ecc!r}: {exc}") from exc
         _check_policy(self.policy, f"tier {self.name}: policy", self.capacity_bytes)
-        if not isinstance(self.quant, str) or not self.quant.strip():
-            raise ConfigError(f"tier {self.name}: quant must be a spec such as 'kivi(bits=4)'")
+        as_str(self.quant, t + "quant", nonempty=True, what="a spec such as 'kivi(bits=4)'")
         if self.quant.strip().lower() not in ("none", "fp16", "16"):
             try:
                 from rkv.quant import get_quantizer
@@ -236,9 +223,7 @@ class EngineConfig:
     codec_threads: int = 0
 
     def __post_init__(self) -> None:
-        _number(self.chunk_tokens, "chunk_tokens", minimum=1, integer=True)
-        if self.chunk_tokens > 1 << 20:
-            raise ConfigError("chunk_tokens must be at most 2**20")
+        as_int(self.chunk_tokens, "chunk_tokens", lo=1, hi=1 << 20)
         tiers = tuple(self.tiers)
         if not tiers:
             raise ConfigError("at least one tier is required")
@@ -248,33 +233,25 @@ class EngineConfig:
         if len(set(names)) != len(names):
             raise ConfigError(f"tier names must be unique, got {names}")
         object.__setattr__(self, "tiers", tiers)
-        if self.on_full not in ("evict", "error"):
-            raise ConfigError(f"on_full must be 'evict' or 'error', got {self.on_full!r}")
+        one_of(self.on_full, ("evict", "error"), "on_full")
         for name in ("store_partial_chunks", "index_sync", "repair"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be a bool")
+            as_bool(getattr(self, name), name)
         if self.promote != "never":
             _check_policy(self.promote, "promote", 1, kind="admission")
         _check_policy(self.prefetch, "prefetch", 1, kind="prefetch")
-        if not isinstance(self.placement, dict):
-            raise ConfigError("placement must be a table (see docs/placement.md)")
+        as_table(self.placement, "placement", what="a table (see docs/placement.md)")
         if self.placement:
             from rkv.placement.config import PlacementConfig
 
             PlacementConfig.from_dict(self.placement)   # validated now, used by the engine
-        if not isinstance(self.scrub, dict):
-            raise ConfigError("scrub must be a table (see docs/scrub.md)")
+        as_table(self.scrub, "scrub", what="a table (see docs/scrub.md)")
         if self.scrub:
             from rkv.scrub import ScrubConfig
 
             ScrubConfig.from_dict(self.scrub)           # validated now, used by the engine
-        _number(self.scrub_target_p_due, "scrub_target_p_due", minimum=1e-300)
-        if not self.scrub_target_p_due < 1.0:
-            raise ConfigError(f"scrub_target_p_due must be a probability in (0, 1), got "
-                              f"{self.scrub_target_p_due!r}")
-        _number(self.codec_threads, "codec_threads", minimum=0, integer=True)
-        if self.codec_threads > 4096:
-            raise ConfigError(f"codec_threads must be at most 4096, got {self.codec_threads}")
+        as_float(self.scrub_target_p_due, "scrub_target_p_due", lo=1e-300, hi=1.0,
+                 hi_open=True)
+        as_int(self.codec_threads, "codec_threads", lo=0, hi=4096)
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -298,7 +275,7 @@ class EngineConfig:
         d = _check_fields(cls, d, "engine config")
         if "tiers" in d:
             if not isinstance(d["tiers"], list | tuple):
-                raise ConfigError("tiers must be a list of tables")
+                raise ConfigError(f"tiers must be a list of tables, got {d['tiers']!r}")
             d["tiers"] = tuple(TierConfig.from_dict(t) for t in d["tiers"])
         return cls(**d)
 

@@ -39,7 +39,6 @@ number equals :func:`simulate`'s (tested).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Container, Hashable, Sequence
@@ -56,6 +55,7 @@ from policies.base import (
 )
 from policies.belady import Belady, InfiniteCache
 from policies.prefetch import make_prefetch
+from rkv.checks import as_float, as_int, one_of
 from rkv.errors import ConfigError
 from rkv.replay import (
     BELADY,
@@ -93,13 +93,10 @@ class Tier:
     latency: float = DEFAULT_LATENCY      # seconds per block
 
     def __post_init__(self) -> None:
-        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) \
-                or self.capacity < 0:
-            raise ConfigError(f"tier {self.name}: capacity must be an int >= 0 bytes")
-        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):
-            raise ConfigError(f"tier {self.name}: bandwidth must be a finite number > 0")
-        if not (math.isfinite(self.latency) and self.latency >= 0):
-            raise ConfigError(f"tier {self.name}: latency must be a finite number >= 0")
+        as_int(self.capacity, f"tier {self.name}: capacity (bytes)", lo=0)
+        as_float(self.bandwidth, f"tier {self.name}: bandwidth", lo=0, lo_open=True,
+                 plain=False)
+        as_float(self.latency, f"tier {self.name}: latency", lo=0, plain=False)
 
 
 class _Cascade:
@@ -275,14 +272,10 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
         raise ConfigError(str(exc)) from exc
     if not 1 <= len(tiers) < 255:      # ``served`` keeps tier numbers in bytes
         raise ConfigError(f"a replay needs 1 to 254 tiers, got {len(tiers)}")
-    if promote not in PROMOTE:
-        raise ConfigError(f"promote must be one of {', '.join(PROMOTE)}, got {promote!r}")
-    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
-        raise ConfigError(f"look-ahead must be a whole number >= 0, got {lookahead!r}")
-    budget = (max(tiers[0].capacity // 4, cost.block_bytes) if prefetch_budget is None
-              else prefetch_budget)
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-        raise ConfigError(f"prefetch budget must be whole bytes >= 0, got {prefetch_budget!r}")
+    one_of(promote, PROMOTE, "promote")
+    as_int(lookahead, "look-ahead", lo=0)
+    budget = as_int(max(tiers[0].capacity // 4, cost.block_bytes) if prefetch_budget is None
+                    else prefetch_budget, "prefetch budget (bytes)", lo=0)
     top = tiers[0].policy
     name = label or top.name or type(top).__name__
     c = _Cascade(tiers, name)
@@ -401,10 +394,9 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
     and the infinite cache loaded at the top tier's cost. Bad input raises ConfigError first."""
     from policies import make_admission, make_policy, split_spec
 
-    if promote not in PROMOTE:
-        raise ConfigError(f"promote must be one of {', '.join(PROMOTE)}, got {promote!r}")
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lookaheads):
-        raise ConfigError(f"look-ahead must be whole numbers >= 0, got {list(lookaheads)}")
+    one_of(promote, PROMOTE, "promote")
+    for i, n in enumerate(lookaheads):
+        as_int(n, f"look-ahead [{i}]", lo=0)
     resolved = [(lay, [t.capacity.resolve(trace, cost) for t in lay.tiers]) for lay in layouts]
     try:
         make_prefetch(prefetch_policy)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rkv.errors import ConfigError
+from rkv.checks import as_bool, as_float, as_int, as_table, check_keys
 from rkv.ui.tables import Column, check_format, render
 
 
@@ -104,34 +104,26 @@ class ScrubConfig:
     batch: int = 64
 
     def __post_init__(self) -> None:
-        if self.budget_mbps is not None and not (isinstance(self.budget_mbps, int | float)
-                                                 and self.budget_mbps > 0):
-            raise ConfigError(f"scrub budget_mbps must be > 0, got {self.budget_mbps!r}")
-        for name, h in self.refresh_hours.items():
-            if not isinstance(h, int | float) or isinstance(h, bool) or not h > 0:
-                raise ConfigError(f"scrub refresh_hours[{name}] must be > 0, got {h!r}")
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 1:
-            raise ConfigError(f"scrub margin must be an int >= 1, got {self.margin!r}")
-        if self.interval_hours is not None and not (
-                isinstance(self.interval_hours, int | float) and self.interval_hours > 0):
-            raise ConfigError(f"scrub interval_hours must be > 0, got {self.interval_hours!r}")
-        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
-            raise ConfigError(f"scrub batch must be an int >= 1, got {self.batch!r}")
+        # inf is allowed where it means something: no limit, never refresh, no repeat.
+        if self.budget_mbps is not None:
+            as_float(self.budget_mbps, "scrub budget_mbps", lo=0, lo_open=True, finite=False)
+        rh = as_table(self.refresh_hours, "scrub refresh_hours", what="a table of tier = hours",
+                      plain=False)
+        for name, h in rh.items():
+            as_float(h, f"scrub refresh_hours[{name}]", lo=0, lo_open=True, finite=False)
+        as_int(self.margin, "scrub margin", lo=1)
+        if self.interval_hours is not None:
+            as_float(self.interval_hours, "scrub interval_hours", lo=0, lo_open=True,
+                     finite=False)
+        as_int(self.batch, "scrub batch", lo=1)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScrubConfig:
         """From an engine ``[scrub]`` table (keys as the fields; unknown keys are errors)."""
-        known = {"budget_mbps", "tiers", "refresh_hours", "margin", "interval_hours", "batch",
-                 "enabled"}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise ConfigError(f"scrub: unknown key(s) {', '.join(bad)} (known: "
-                              f"{', '.join(sorted(known))})")
-        if not isinstance(d.get("enabled", True), bool):
-            raise ConfigError(f"scrub enabled must be true or false, got {d['enabled']!r}")
+        check_keys(d, ("budget_mbps", "tiers", "refresh_hours", "margin", "interval_hours",
+                       "batch", "enabled"), "scrub")
+        as_bool(d.get("enabled", True), "scrub enabled")
         kw = {k: v for k, v in d.items() if k != "enabled"}
         if "tiers" in kw:
             kw["tiers"] = tuple(kw["tiers"])
-        if "refresh_hours" in kw and not isinstance(kw["refresh_hours"], Mapping):
-            raise ConfigError("scrub refresh_hours must be a table of tier = hours")
         return cls(**kw)

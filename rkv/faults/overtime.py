@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rkv.errors import ConfigError
+from rkv.checks import as_float, as_int, check_keys
 from rkv.faults.planned import poisson_ci
 
 #: Mean residency of a KV block per default tier when none is given (assumptions: DRAM
@@ -63,26 +63,18 @@ class OverTimeConfig:
     def __post_init__(self) -> None:
         for name in ("days", "residency_hours", "scrub_hours", "step_hours"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool)
-                                      and 0 < v < math.inf):
-                raise ConfigError(f"{name} must be a positive number, got {v!r}")
-        if self.refresh_hours is not None and not (
-                isinstance(self.refresh_hours, int | float) and self.refresh_hours > 0):
-            raise ConfigError(f"refresh_hours must be > 0 (inf: never), got "
-                              f"{self.refresh_hours!r}")
+            if v is not None:
+                as_float(v, name, lo=0, lo_open=True)
+        if self.refresh_hours is not None:       # inf: never
+            as_float(self.refresh_hours, "refresh_hours", lo=0, lo_open=True, finite=False)
         for name in ("blocks", "trials"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be a positive int, got {v!r}")
+            as_int(getattr(self, name), name, lo=1)
         self.base()                       # the campaign fields, validated now
 
     def base(self) -> Any:
         from rkv.faults.campaign import CampaignConfig
 
-        known = {f.name for f in fields(CampaignConfig)}
-        bad = sorted(set(self.campaign) - known)
-        if bad:
-            raise ConfigError(f"campaign: unknown key(s) {', '.join(bad)}")
+        check_keys(self.campaign, (f.name for f in fields(CampaignConfig)), "campaign")
         return CampaignConfig(**{**self.campaign, "workers": 1})
 
     @property

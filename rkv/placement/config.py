@@ -8,12 +8,21 @@ microseconds (``capacity_cost`` is microseconds-equivalent per GiB stored in tha
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rkv.checks import (
+    as_bool,
+    as_float,
+    as_int,
+    as_probability,
+    as_str,
+    as_table,
+    check_keys,
+    one_of,
+)
 from rkv.errors import ConfigError
 
 BITS_ALLOWED = (16, 8, 4, 2)
@@ -34,20 +43,12 @@ _KEYS = ("max_p_sdc", "max_p_due", "quality_budget_kl", "recompute_us_per_token"
 
 
 def _prob(d: Mapping[str, Any], key: str, default: float) -> float:
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= float(v) <= 1.0:
-        raise ConfigError(f"placement: {key} must be a probability in [0, 1], got {v!r}")
-    return float(v)
+    return as_probability(d.get(key, default), f"placement: {key}")
 
 
 def _nonneg(d: Mapping[str, Any], key: str, default: float | None) -> float | None:
     v = d.get(key, default)
-    if v is None:
-        return None
-    if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v))
-            or float(v) < 0):
-        raise ConfigError(f"placement: {key} must be a finite number >= 0, got {v!r}")
-    return float(v)
+    return None if v is None else as_float(v, f"placement: {key}", lo=0.0)
 
 
 @dataclass(frozen=True)
@@ -116,36 +117,24 @@ class PlacementConfig:
             except ConfigError as exc:
                 raise ConfigError(f"placement: codes entry {spec!r} is not a codec: "
                                   f"{exc}") from exc
-        if not isinstance(self.capacity_cost, Mapping):
-            raise ConfigError("placement: capacity_cost must be a table of tier = cost per GiB")
-        for name, v in self.capacity_cost.items():
-            _nonneg({f"capacity_cost.{name}": v}, f"capacity_cost.{name}", None)
-        if not (isinstance(self.residency_hours, int | float)
-                and not isinstance(self.residency_hours, bool)
-                and 0 < self.residency_hours < math.inf):
-            raise ConfigError(f"placement: residency_hours must be > 0, "
-                              f"got {self.residency_hours!r}")
-        _nonneg({"reuse": self.reuse}, "reuse", None)
-        if not isinstance(self.profile, str):
-            raise ConfigError(f"placement: profile must be a path or a name, "
-                              f"got {self.profile!r}")
+        cc = as_table(self.capacity_cost, "placement: capacity_cost",
+                      what="a table of tier = cost per GiB", plain=False)
+        for name, v in cc.items():
+            as_float(v, f"placement: capacity_cost.{name}", lo=0.0)
+        as_float(self.residency_hours, "placement: residency_hours", lo=0.0, lo_open=True)
+        as_float(self.reuse, "placement: reuse", lo=0.0)
+        as_str(self.profile, "placement: profile", what="a path or a name")
         for key in ("lossy_demotion", "estimate"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"placement: {key} must be true or false, "
-                                  f"got {getattr(self, key)!r}")
+            as_bool(getattr(self, key), f"placement: {key}")
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PlacementConfig:
         """Build from a dict; unknown keys and bad values raise :class:`ConfigError`."""
-        if not isinstance(d, Mapping):
-            raise ConfigError(f"placement: expected a table, got {type(d).__name__}")
+        as_table(d, "placement", plain=False)
         if "placement" in d and isinstance(d["placement"], Mapping):
             d = d["placement"]
-        unknown = sorted(set(d) - set(_KEYS))
-        if unknown:
-            raise ConfigError(f"placement: unknown key {unknown[0]!r} (known: "
-                              f"{', '.join(_KEYS)})")
+        check_keys(d, _KEYS, "placement")
         kw: dict[str, Any] = {}
         for key in ("max_p_sdc", "max_p_due"):
             if key in d:
@@ -163,12 +152,9 @@ class PlacementConfig:
                     raise ConfigError(f"placement: {key} must be a list, got {v!r}")
                 kw[key] = tuple(v)
         if "capacity_cost" in d:
-            cc = d["capacity_cost"]
-            if not isinstance(cc, Mapping):
-                raise ConfigError(f"placement: capacity_cost must be a table of tier = cost "
-                                  f"per GiB, got {cc!r}")
-            kw["capacity_cost"] = {str(k): _nonneg({f"capacity_cost.{k}": v},
-                                                   f"capacity_cost.{k}", None)
+            cc = as_table(d["capacity_cost"], "placement: capacity_cost",
+                          what="a table of tier = cost per GiB", plain=False)
+            kw["capacity_cost"] = {str(k): as_float(v, f"placement: capacity_cost.{k}", lo=0.0)
                                    for k, v in cc.items()}
         for key in ("lossy_demotion", "residency_hours", "reuse", "estimate", "profile"):
             if key in d:
@@ -230,15 +216,10 @@ class TierInput:
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("tier: name must be non-empty")
-        if isinstance(self.free_bytes, bool) or not isinstance(self.free_bytes, int) \
-                or self.free_bytes < 0:
-            raise ConfigError(f"tier {self.name}: free_bytes must be an integer >= 0, "
-                              f"got {self.free_bytes!r}")
-        if not self.read_gbps > 0 or not math.isfinite(self.read_gbps):
-            raise ConfigError(f"tier {self.name}: read_gbps must be > 0, got {self.read_gbps!r}")
-        if not self.latency_us >= 0 or not math.isfinite(self.latency_us):
-            raise ConfigError(f"tier {self.name}: latency_us must be >= 0, "
-                              f"got {self.latency_us!r}")
+        as_int(self.free_bytes, f"tier {self.name}: free_bytes", lo=0)
+        as_float(self.read_gbps, f"tier {self.name}: read_gbps", lo=0.0, lo_open=True,
+                 plain=False)
+        as_float(self.latency_us, f"tier {self.name}: latency_us", lo=0.0, plain=False)
 
 
 @dataclass(frozen=True)
@@ -262,17 +243,12 @@ class BlockInput:
     n_chunks: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"block: kind must be one of {KINDS}, got {self.kind!r}")
+        one_of(self.kind, KINDS, "block: kind")
         for key in ("layer", "chunk", "tokens", "kv_heads", "head_dim"):
-            v = getattr(self, key)
-            lo = 0 if key in ("layer", "chunk") else 1
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ConfigError(f"block: {key} must be an integer >= {lo}, got {v!r}")
-        if not self.residency_hours > 0 or not math.isfinite(self.residency_hours):
-            raise ConfigError(f"block: residency_hours must be > 0, got {self.residency_hours!r}")
-        if not self.reuse >= 0 or not math.isfinite(self.reuse):
-            raise ConfigError(f"block: reuse must be >= 0, got {self.reuse!r}")
+            as_int(getattr(self, key), f"block: {key}", lo=0 if key in ("layer", "chunk") else 1)
+        as_float(self.residency_hours, "block: residency_hours", lo=0.0, lo_open=True,
+                 plain=False)
+        as_float(self.reuse, "block: reuse", lo=0.0, plain=False)
         if self.n_chunks is not None and self.n_chunks <= self.chunk:
             raise ConfigError(f"block: n_chunks ({self.n_chunks}) must exceed chunk "
                               f"({self.chunk})")

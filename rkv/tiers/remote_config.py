@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from rkv.checks import as_bool, as_float, as_int, as_str, as_table, check_keys, one_of
 from rkv.errors import ConfigError
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -127,27 +128,20 @@ class RemoteSettings:
                     getattr(self, name)):
                 raise ConfigError(f"{what}.{name} must be 1-64 of [A-Za-z0-9_.-]")
         for name in ("username", "tls_ca", "tls_cert", "tls_key"):
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"{what}.{name} must be a string")
+            as_str(getattr(self, name), f"{what}.{name}")
         if self.password and (not isinstance(self.password, str)
                               or not _SOURCE.fullmatch(self.password)):
             raise ConfigError(f"{what}.password must be \"env:VAR\" or \"file:PATH\" (a "
                               "literal password would be stored in the index)")
         for name in ("tls_verify", "shared", "write_through"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{what}.{name} must be a bool")
+            as_bool(getattr(self, name), f"{what}.{name}")
         for name, lo in (("connect_timeout_s", 1e-3), ("timeout_s", 1e-3),
                          ("retry_after_s", 0.0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= 3600:
-                raise ConfigError(f"{what}.{name} must be a number in [{lo}, 3600], got {v!r}")
+            as_float(getattr(self, name), f"{what}.{name}", lo=lo, hi=3600)
         for name, lo, hi in (("retries", 0, 100), ("pool_size", 1, 4096),
                              ("ttl_s", 0, 1 << 31), ("window_bytes", 1 << 16, 1 << 34)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ConfigError(f"{what}.{name} must be an int in [{lo}, {hi}], got {v!r}")
-        if not isinstance(self.mac_keys, dict):
-            raise ConfigError(f"{what}.mac_keys must be a table of key id = \"env:VAR\"")
+            as_int(getattr(self, name), f"{what}.{name}", lo=lo, hi=hi)
+        as_table(self.mac_keys, f"{what}.mac_keys", what="a table of key id = \"env:VAR\"")
         for kid, src in self.mac_keys.items():
             if not isinstance(kid, str) or not _KEY_ID.fullmatch(kid):
                 raise ConfigError(f"{what}.mac_keys: key id {kid!r} must be 1-32 of "
@@ -155,26 +149,17 @@ class RemoteSettings:
             if not isinstance(src, str) or not _SOURCE.fullmatch(src):
                 raise ConfigError(f"{what}.mac_keys.{kid} must be \"env:VAR\" or "
                                   "\"file:PATH\" (a literal key would be stored in the index)")
-        if not isinstance(self.mac_key_id, str):
-            raise ConfigError(f"{what}.mac_key_id must be a string")
+        as_str(self.mac_key_id, f"{what}.mac_key_id")
         if self.mac_key_id and self.mac_key_id not in self.mac_keys:
             raise ConfigError(f"{what}.mac_key_id {self.mac_key_id!r} is not in mac_keys")
-        if self.mac_algorithm not in ("blake2b", "hmac-sha256"):
-            raise ConfigError(f"{what}.mac_algorithm must be 'blake2b' or 'hmac-sha256', got "
-                              f"{self.mac_algorithm!r}")
+        one_of(self.mac_algorithm, ("blake2b", "hmac-sha256"), f"{what}.mac_algorithm")
         if self.mac_keys and not self.mac_key_id:
             raise ConfigError(f"{what}: mac_keys given without mac_key_id (the key that seals "
                               "new records)")
 
     @classmethod
     def from_dict(cls, url: str, d: Any, what: str = "remote") -> RemoteSettings:
-        if not isinstance(d, dict):
-            raise ConfigError(f"{what} must be a table")
-        known = {f.name for f in fields(cls)} - {"url"}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown {what} keys: {sorted(unknown)} (known: "
-                              f"{sorted(known)})")
+        check_keys(as_table(d, what), {f.name for f in fields(cls)} - {"url"}, what)
         return cls(url=url, **d)
 
     @property

@@ -93,7 +93,7 @@ def test_ttl_expires_values(redis_server: RedisServer) -> None:
     ({"url": "http://h:1"}, "scheme"),
     ({"url": ""}, "needs url"),
     ({"remote": {"password": "hunter2"}}, "env:VAR"),
-    ({"remote": {"bogus": 1}}, "unknown remote keys"),
+    ({"remote": {"bogus": 1}}, "remote: unknown key"),
     ({"remote": {"mac_keys": {"k1": "env:X"}}}, "mac_key_id"),
     ({"remote": {"mac_keys": {"k1": "literal"}, "mac_key_id": "k1"}}, "env:VAR"),
     ({"remote": {"timeout_s": 0}}, "timeout_s"),
