@@ -37,12 +37,16 @@ def check_keys(d: Any, allowed: Iterable[str], where: str, *, noun: str = "param
                     f"allowed: {', '.join(sorted(allowed_set))}")
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+
+
 def _bounds(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
     if lo is not None and hi is not None:
-        return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        return f"in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
     if lo is not None:
-        return f"{'>' if lo_open else '>='} {lo}"
-    return f"{'<' if hi_open else '<='} {hi}"
+        return f"{'>' if lo_open else '>='} {_num(lo)}"
+    return f"{'<' if hi_open else '<='} {_num(hi) if hi is not None else ''}"
 
 
 def as_float(value: Any, name: str, *, lo: float | None = None, hi: float | None = None,
