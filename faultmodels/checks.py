@@ -34,7 +34,7 @@ def check_keys(d: Any, allowed: Iterable[str], where: str, *, noun: str = "param
     unknown = sorted(str(k) for k in d if k not in allowed_set)
     if unknown:
         raise error(f"{where}: unknown {noun}(s) {', '.join(unknown)}; "
-                    f"allowed: {', '.join(sorted(allowed_set))}")
+                    f"allowed: {', '.join(sorted(allowed_set)) or 'none'}")
 
 
 def _num(x: float) -> str:

@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
-import numpy as np
-
+from rkv.checks import as_int, as_table, one_of
+from rkv.checks import check_keys as check_keys_
 from rkv.errors import ConfigError
 
 T = TypeVar("T")
@@ -101,16 +101,11 @@ class Configured:
 # -- config validation helpers ---------------------------------------------------------------
 def check_keys(cfg: Mapping[str, Any], codec_id: str, allowed: Iterable[str]) -> None:
     """Raise ConfigError unless ``cfg`` is a mapping for ``codec_id`` with only ``allowed``."""
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"{codec_id} config must be a mapping, got {type(cfg).__name__}")
+    as_table(cfg, f"{codec_id} config", what="a mapping", plain=False)
     if cfg.get("id") != codec_id:
         raise ConfigError(f"config id {cfg.get('id')!r} is not {codec_id!r}")
-    extra = sorted(set(cfg) - set(allowed) - {"id"})
-    if extra:
-        raise ConfigError(
-            f"{codec_id}: unknown parameter(s) {', '.join(map(repr, extra))}; "
-            f"allowed: {', '.join(sorted(allowed)) or 'none'}"
-        )
+    check_keys_({k: v for k, v in cfg.items() if k != "id"}, allowed, codec_id,
+                noun="parameter")
 
 
 def int_param(
@@ -128,21 +123,15 @@ def int_param(
             raise ConfigError(f"{codec_id}: missing required parameter {name!r}")
         return default
     val = cfg[name]
-    if isinstance(val, bool) or not isinstance(val, int | np.integer):
+    if isinstance(val, float):                     # integers only: no whole floats
         raise ConfigError(f"{codec_id}: {name} must be an integer, got {val!r}")
-    ival = int(val)
-    if not lo <= ival <= hi:
-        raise ConfigError(f"{codec_id}: {name}={ival} out of range [{lo}, {hi}]")
-    return ival
+    return as_int(val, f"{codec_id}: {name}", lo=lo, hi=hi, plain=False)
 
 
 def choice_param(
     cfg: Mapping[str, Any], codec_id: str, name: str, choices: tuple[str, ...], default: str
 ) -> str:
-    val = cfg.get(name, default)
-    if not isinstance(val, str) or val not in choices:
-        raise ConfigError(f"{codec_id}: {name} must be one of {choices}, got {val!r}")
-    return val
+    return one_of(cfg.get(name, default), choices, f"{codec_id}: {name}")
 
 
 class Registry(Generic[T]):
