@@ -238,8 +238,13 @@ def destroy_cmd(path: str, yes: bool) -> int:
               help="store directory (new or an rkv store)  [default: a temporary one]")
 @click.option("--prompts", type=click.IntRange(min=1), default=6, help="number of prompts")
 @click.option("--keep", is_flag=True, help="keep the store afterwards")
-def demo_cmd(path: str | None, prompts: int, keep: bool) -> int:
-    """Store and reload KV for prompts with shared prefixes, verified byte for byte."""
+@click.option("--no-faults", "faults", is_flag=True, flag_value=False, default=True,
+              help="skip the part that injects faults and shows rkv catching them")
+@quiet_flag()
+def demo_cmd(path: str | None, prompts: int, keep: bool, faults: bool, quiet: bool) -> int:
+    """Store and reload KV for prompts with shared prefixes, verified byte for byte; then
+    inject faults into stored records and show rkv catching them where raw storage returns
+    wrong values."""
     from rkv.demo import run_demo
 
     if path is not None:
@@ -248,4 +253,4 @@ def demo_cmd(path: str | None, prompts: int, keep: bool) -> int:
             raise InputError(f"--path {path}: exists and is not a directory")
         if p.is_dir() and any(p.iterdir()) and not (p / "index").is_dir():
             raise InputError(f"--path {path}: a directory that is not an rkv store")
-    return run_demo(path=path, prompts=prompts, keep=keep)
+    return run_demo(path=path, prompts=prompts, keep=keep, faults=faults, quiet=quiet)
