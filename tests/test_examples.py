@@ -125,9 +125,13 @@ def parse(path: Path) -> list[Block]:
         if mark:
             _apply_marks(block, mark["body"])
         blocks.append(block)
+    seen_python = False
     for b in blocks:
         if b.cont and b.lang not in PYTHON_LANGS:
             raise MarkError(f"{b.where}: 'continue' is for python blocks")
+        if b.cont and not seen_python:
+            raise MarkError(f"{b.where}: 'continue' follows no python block")
+        seen_python |= b.lang in PYTHON_LANGS
     return blocks
 
 
@@ -145,20 +149,21 @@ class Step:
 def steps(blocks: list[Block], slow: bool) -> list[Step | Block]:
     """What to run, in order: ``Step``s to execute and ``Block``s to write as files."""
     out: list[Step | Block] = []
+    script: Step | None = None  # the python script a 'continue' block extends, if it runs
     for b in blocks:
         if b.file:
             out.append(b)
             continue
-        runnable = b.lang in PYTHON_LANGS | SHELL_LANGS
-        if b.cont:
-            prev = out[-1] if out else None
-            if not isinstance(prev, Step) or prev.first.lang not in PYTHON_LANGS:
-                raise MarkError(f"{b.where}: 'continue' follows no python block that runs")
-            if b.skip is None:
-                prev.blocks.append(b)
-                prev.first.slow |= b.slow
+        runs = b.skip is None and (slow or not b.slow)
+        if b.cont:  # parse() checked that a python block came before
+            if script is not None and runs:
+                script.blocks.append(b)
             continue
-        if runnable and b.skip is None and (slow or not b.slow):
+        if b.lang in PYTHON_LANGS:
+            script = Step([b]) if runs else None  # what continues a skipped block is skipped
+            if script is not None:
+                out.append(script)
+        elif b.lang in SHELL_LANGS and runs:
             out.append(Step([b]))
     return out
 
@@ -312,14 +317,17 @@ def test_parser_marks_and_steps(tmp_path: Path) -> None:
         "```python\nx = 1\n```\n<!-- example: continue -->\n\n```python\nprint(x)\n```\n"
         "<!-- example: skip (a fragment) -->\n```python\nundefined\n```\n"
         "<!-- example: slow; timeout 99 -->\n```bash\nsleep 1\n```\n"
+        "<!-- example: slow -->\n```python\nslow = 1\n```\n<!-- example: continue -->\n"
+        "```python\nprint(slow)\n```\n"
         "<!-- example: skip (why; because) -->\n```bash\nfalse\n```\n"
         "- a list\n\n  ```console\n  $ echo hi \\\n    there\n  hi there\n  ```\n"
         "```\nuntagged\n```\n", encoding="utf-8")
     blocks = parse(md)
-    assert [b.lang for b in blocks] == ["toml", "python", "python", "python", "bash", "bash",
-                                        "console", ""]
-    assert blocks[5].skip == "why; because"
-    del blocks[5]
+    assert [b.lang for b in blocks] == ["toml", "python", "python", "python", "bash", "python",
+                                        "python", "bash", "console", ""]
+    assert blocks[7].skip == "why; because" and blocks[6].cont and not blocks[6].slow
+    slow_pair = blocks[5:7]
+    del blocks[5:8]
     assert blocks[0].file == "cfg.toml" and blocks[2].cont and blocks[3].skip == "a fragment"
     assert blocks[4].slow and blocks[4].timeout == 99
     assert _shell_script(blocks[5]) == "echo hi \\\n  there\n"
@@ -328,11 +336,15 @@ def test_parser_marks_and_steps(tmp_path: Path) -> None:
     assert isinstance(fast[1], Step) and fast[1].blocks == blocks[1:3]
     assert isinstance(fast[2], Step) and fast[2].first is blocks[5] and len(fast) == 3
     assert len(steps(blocks, slow=True)) == 4
+    assert steps(slow_pair, slow=False) == []
+    both = steps(slow_pair, slow=True)
+    assert len(both) == 1 and isinstance(both[0], Step) and both[0].blocks == slow_pair
     bad = tmp_path / "bad.md"
     for text, msg in (("<!-- example: skip -->\n```python\n```\n", "reason"),
                       ("<!-- example: fast -->\n```python\n```\n", "unknown"),
                       ("```python\nx\n", "unclosed"),
-                      ("<!-- example: continue -->\n```bash\n```\n", "python blocks")):
+                      ("<!-- example: continue -->\n```bash\n```\n", "python blocks"),
+                      ("<!-- example: continue -->\n```python\n```\n", "no python block")):
         bad.write_text(text, encoding="utf-8")
         with pytest.raises(MarkError, match=msg):
             parse(bad)
