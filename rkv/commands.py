@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "destroy": ("rkv.clicmds.store:destroy_cmd",
                 "delete a store and its tier files kept outside it"),
     "demo": ("rkv.clicmds.store:demo_cmd",
-             "store and reload KV for prompts with shared prefixes"),
+             "store and reload KV with shared prefixes; see a fault injected and caught"),
     "campaign": ("rkv.clicmds.campaign:campaign_cmd",
                  "fault-injection campaign through the real engine"),
     "validate": ("rkv.clicmds.campaign:validate_cmd",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -11,7 +10,7 @@ from typing import Any
 
 import click
 
-from rkv.clicmds import STORE_PATH, call, command, json_flag, quiet_flag
+from rkv.clicmds import STORE_PATH, call, command, output_options, quiet_flag
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ log = logging.getLogger(__name__)
               "its fault model and the store's scrub_target_p_due]")
 @click.option("--margin", type=click.IntRange(min=1), default=1,
               help="rewrite a block when its read corrected at least this many symbols")
-@json_flag("print each pass's report as JSON")
+@output_options()
 @quiet_flag("no progress bar")
 def scrub_cmd(**kw: Any) -> int:
     """Patrol-scrub a store: read every stored block within a bandwidth budget, riskiest
@@ -61,8 +60,7 @@ def cmd_scrub(args: Any) -> int:
         try:
             while True:
                 report = _one_pass(scrubber, args.quiet)
-                print(json.dumps(report.to_dict(), indent=2) if args.json else report.render(),
-                      flush=True)
+                print(report.render(args.fmt), flush=True)
                 worst = max(worst, 1 if report.total("lost") else 0)
                 if args.once or report.interrupted:
                     break
