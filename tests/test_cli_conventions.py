@@ -35,7 +35,8 @@ BAD: dict[str, list[list[str]]] = {
     "campaign": [["--trials", "x"], ["--protection", "rs(1"], ["--fault-model", "nope"],
                  ["--config", MISSING], ["--config", "T/bad.toml"], ["--param", "x"],
                  ["--rows", f"{MISSING}/rows.jsonl"], ["--scrub", "1"], ["--tier", "tape"],
-                 ["--days", "1", "--scrub", "often"], ["--bits", "3"]],
+                 ["--days", "1", "--scrub", "often"], ["--bits", "3"], ["--json", "--csv"],
+                 ["--days", "1", "--csv"]],
     "validate": [["--trials", "0"], ["--json", f"{MISSING}/v.json"], ["--workers", "x"]],
     "faultmodels": [["nope"], ["--json", "--csv"], ["raw-ber", "extra"]],
     "plan": [["--tokens", "x"], ["--tokens", "0"], ["--config", MISSING], ["--tier", "tape"],
@@ -282,3 +283,16 @@ def test_completion_of_preset_names() -> None:
            "COMP_WORDS": "rkv campaign --fault-model nv", "COMP_CWORD": "3"}
     r = subprocess.run(_rkv(), capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout.split() == ["plain,nvme-tlc"]
+
+
+def test_campaign_csv_has_both_storages(capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    assert main(["campaign", "--fault-model", "raw-ber", "--param", "ber=1e-4", "--protection",
+                 "rs(255,239)", "--trials", "2", "--blocks", "2", "--chunk-tokens", "16",
+                 "--kv-heads", "1", "--head-dim", "8", "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {r["storage"] for r in rows} == {"rs(255,239)", "raw"}
+    assert {r["outcome"] for r in rows} >= {"due", "sdc"}
+    assert sum(int(r["count"]) for r in rows if r["storage"] == "raw") == 4   # 2 x 2 blocks

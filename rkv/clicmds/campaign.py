@@ -88,6 +88,8 @@ _OVERRIDES = ("tier", "protection", "hours", "trials", "blocks", "seed", "worker
 @click.option("--no-raw", "compare_raw", is_flag=True, flag_value=False, default=True,
               help="skip the comparison run on raw storage")
 @json_flag("print the summary as JSON")
+@click.option("--csv", is_flag=True, help="print the outcome table as CSV (one row per "
+              "storage and outcome; not with --days)")
 @quiet_flag()
 @time_options
 def campaign_cmd(**kw: Any) -> int:
@@ -95,6 +97,8 @@ def campaign_cmd(**kw: Any) -> int:
     from a tier's fault model, read back; counts of silent corruptions (SDC), detected
     losses (DUE) and corrections, with the same campaign on raw storage for comparison.
     With --days, a store over time with and without scrubbing (docs/campaigns.md)."""
+    if kw["json"] and kw["csv"]:
+        raise click.UsageError("--json and --csv exclude each other")
     if kw["bits"] is not None:
         kw["bits"] = int(kw["bits"])
     kw["param"] = list(kw["param"])
@@ -173,12 +177,14 @@ def cmd_campaign(args: Any) -> int:
     check_writable(args.rows, "--rows")
     log.info("campaign: %s", cfg.to_dict())
     if args.days is not None:
+        if args.csv:
+            raise ConfigError("--csv: not with --days (use --json)")
         from rkv.faults.overtime_cli import run_time_campaign
         return run_time_campaign(args, cfg)
     if args.replay is not None:
         print(json.dumps(replay_trial(cfg, args.replay), indent=2))
         return 0
-    quiet = args.json or args.quiet
+    quiet = args.json or args.csv or args.quiet
     summary = run_campaign(cfg, progress=None if quiet else stderr_progress)
     result: dict[str, Any] = summary.to_json()
     raw = None
@@ -189,6 +195,8 @@ def cmd_campaign(args: Any) -> int:
         result["raw"] = raw.to_json()
     if args.json:
         print(json.dumps(result, indent=2))
+    elif args.csv:
+        print(_csv(summary, raw), end="")
     else:
         print(format_summary(summary))
         if raw is not None:
@@ -197,6 +205,20 @@ def cmd_campaign(args: Any) -> int:
         if cfg.rows:
             print(f"\nper-trial rows: {cfg.rows} (replay one with --replay TRIAL)")
     return 0
+
+
+def _csv(summary: Any, raw: Any) -> str:
+    """The outcome rows of the run (and of the raw run, whose rows have the same columns)
+    as one CSV table."""
+    from rkv.faults.campaign import format_summary
+
+    text = format_summary(summary, "csv")
+    if raw is not None:
+        head, _, rows = format_summary(raw, "csv").partition("\n")
+        if head != text.partition("\n")[0]:         # e.g. importance sampling on one only
+            raise ConfigError("--csv: the raw run's table has other columns; use --json")
+        text += rows
+    return text
 
 
 # -- validate --------------------------------------------------------------------------------
