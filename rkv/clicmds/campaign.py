@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,8 @@ def _csv(summary: Any, raw: Any) -> str:
 @click.option("--workers", type=click.IntRange(min=1), default=1)
 @click.option("--json", "json", type=OUT_FILE, default=None, metavar="PATH",
               help="write every cell as JSON here")
+@click.option("--csv", is_flag=True, help="print the cells as CSV (instead of a Markdown "
+              "table; the verdict line goes to stderr)")
 @quiet_flag()
 def validate_cmd(**kw: Any) -> int:
     """Campaigns against the analytic model, every preset x every code; exit 1 if a cell
@@ -238,16 +241,21 @@ def validate_cmd(**kw: Any) -> int:
 
 def cmd_validate(args: Any) -> int:
     from rkv.faults.validate import Z_LIMIT, markdown, run_matrix, to_json
-    from rkv.ui import Progress
+    from rkv.ui import Progress, render
 
     check_writable(args.json, "--json")
 
     with Progress("validate", None, unit="cell", quiet=args.quiet) as bar:
         cells = run_matrix(args.quick, trials=args.trials, workers=args.workers,
                            progress=lambda i, n, cell: bar.advance_to(i, n))
-    print(markdown(cells))
     bad = [c for c in cells if not c.ok]
-    print(f"\n{len(cells) - len(bad)} of {len(cells)} cells agree within |z| <= {Z_LIMIT:g}")
+    verdict = f"{len(cells) - len(bad)} of {len(cells)} cells agree within |z| <= {Z_LIMIT:g}"
+    if args.csv:
+        print(render(to_json(cells), fmt="csv"), end="")
+        print(verdict, file=sys.stderr)
+    else:
+        print(markdown(cells))
+        print(f"\n{verdict}")
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(cells), indent=2) + "\n")
     return 1 if bad else 0
