@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from rkv.checks import as_float, as_int, as_str, as_table, check_keys, one_of
 from rkv.config import TierConfig, default_tiers
 from rkv.errors import ConfigError
 from rkv.faults.bench import OUTCOMES, TrialResult, _Bench, _worker
@@ -97,34 +98,20 @@ class CampaignConfig:
     ber_multiplier: float = 1.0
 
     def __post_init__(self) -> None:
-        names = [t.name for t in default_tiers()]
-        if self.tier not in names:
-            raise ConfigError(f"tier must be one of {names}, got {self.tier!r}")
+        one_of(self.tier, [t.name for t in default_tiers()], "campaign tier")
         for name in ("trials", "blocks", "chunk_tokens", "kv_heads", "head_dim", "workers"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"campaign {name} must be a positive int, got {v!r}")
-        if (isinstance(self.hours, bool) or not isinstance(self.hours, int | float)
-                or not self.hours >= 0 or math.isinf(self.hours)):
-            raise ConfigError(f"campaign hours must be a finite number >= 0, got {self.hours!r}")
-        if self.sampling not in SAMPLING:
-            raise ConfigError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
-        if self.bits not in (16, 8, 4, 2):
-            raise ConfigError(f"bits must be 16 (values as they are), 8, 4 or 2, got "
-                              f"{self.bits!r}")
-        if self.dtype not in ("float16", "bfloat16", "float32"):
-            raise ConfigError(f"bad dtype {self.dtype!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError("seed must be a non-negative int")
-        if not isinstance(self.fault_model, str | dict):
-            raise ConfigError("fault_model must be a preset name or a table")
-        if not isinstance(self.protection, str) or not isinstance(self.rows, str):
-            raise ConfigError("protection and rows must be strings")
-        if not (self.tilt == "auto" or (isinstance(self.tilt, int | float)
-                                        and not isinstance(self.tilt, bool)
-                                        and (self.tilt == 0 or 0 < self.tilt < math.inf))):
-            raise ConfigError(f"tilt must be 0 (off), a factor > 0 or \"auto\", got "
-                              f"{self.tilt!r}")
+            as_int(getattr(self, name), f"campaign {name}", lo=1)
+        as_float(self.hours, "campaign hours", lo=0)
+        one_of(self.sampling, SAMPLING, "campaign sampling")
+        one_of(self.bits, (16, 8, 4, 2), "campaign bits (16: values as they are)")
+        one_of(self.dtype, ("float16", "bfloat16", "float32"), "campaign dtype")
+        as_int(self.seed, "campaign seed", lo=0)
+        if not isinstance(self.fault_model, str):
+            as_table(self.fault_model, "campaign fault_model", what="a preset name or a table")
+        as_str(self.protection, "campaign protection")
+        as_str(self.rows, "campaign rows")
+        if self.tilt != "auto":
+            as_float(self.tilt, 'campaign tilt (0: off, a factor > 0, or "auto")', lo=0)
         import faultmodels
 
         try:
@@ -206,10 +193,7 @@ class CampaignConfig:
         if not isinstance(d, dict):
             raise ConfigError("campaign config must be a table")
         d = d.get("campaign", d) if isinstance(d.get("campaign"), dict) else d
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown campaign keys {sorted(unknown)} (known: {sorted(known)})")
+        check_keys(d, [f.name for f in fields(cls)], "campaign")
         try:
             return cls(**d)
         except TypeError as exc:
