@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -189,36 +190,40 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float, what: str) -> None:
-    try:
-        res = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"")[-2000:]
-        pytest.fail(f"{what}: still running after {timeout:.0f} s (mark it slow, or make it "
-                    f"faster)\n{out!r}")
-    if res.returncode != 0:
-        pytest.fail(f"{what}: exit status {res.returncode}\n--- stdout\n{res.stdout[-3000:]}"
-                    f"\n--- stderr\n{res.stderr[-5000:]}")
+    # a session of its own: a block that times out is killed with its worker processes
+    with subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"{what}: still running after {timeout:.0f} s (mark it slow, or make "
+                        f"it faster)\n--- stdout\n{out[-2000:]}\n--- stderr\n{err[-2000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"{what}: exit status {proc.returncode}\n--- stdout\n{out[-3000:]}"
+                    f"\n--- stderr\n{err[-5000:]}")
 
 
 def _destroy_stores(root: Path) -> None:
-    """Destroy every store under ``root`` (their memory tiers live in /dev/shm)."""
+    """Destroy every store under ``root`` (their memory tiers live in /dev/shm). A store is a
+    directory whose ``index`` holds an LMDB file; links (``.venv``) are not followed."""
     from rkv import Engine
 
-    for index in sorted(root.rglob("index")):
-        store = index.parent
-        if index.is_dir() and store.exists():
-            try:
-                Engine.destroy(store)
-            except Exception as exc:  # a directory named index that is no store
-                print(f"not a store: {store}: {exc}", file=sys.stderr)
+    stores = [Path(d) for d, dirs, _ in os.walk(root, followlinks=False)
+              if "index" in dirs and (Path(d) / "index" / "data.mdb").is_file()]
+    for store in stores:
+        if store.exists():  # not inside a store destroyed before
+            Engine.destroy(store)
 
 
 def _workdir(tmp_path: Path) -> tuple[Path, Path]:
     work, scripts = tmp_path / "work", tmp_path / "scripts"
     work.mkdir()
     scripts.mkdir()
-    (work / ".venv").symlink_to(VENV)
+    if VENV.is_dir():
+        (work / ".venv").symlink_to(VENV)
     return work, scripts
 
 
@@ -359,3 +364,19 @@ def test_runner_runs_in_order_and_reports_a_failing_block(tmp_path: Path) -> Non
     (tmp_path / "run").mkdir()
     with pytest.raises(pytest.fail.Exception, match=r"doc.md:8 \(python\)[^$]*boom"):
         run_markdown(md, tmp_path / "run", slow=False)
+
+
+def test_runner_times_out_and_destroys_stores(tmp_path: Path) -> None:
+    from rkv.store import store_id_at
+
+    md = tmp_path / "doc.md"
+    md.write_text("```python\nfrom rkv import Engine\nEngine.open('s').close()\n"
+                  "import pathlib; pathlib.Path('index').mkdir()\n```\n"
+                  "<!-- example: timeout 2 -->\n```bash\nsleep 30 & wait\n```\n",
+                  encoding="utf-8")
+    (tmp_path / "run").mkdir()
+    with pytest.raises(pytest.fail.Exception, match=r"doc.md:7 \(bash\): still running"):
+        run_markdown(md, tmp_path / "run", slow=False)
+    work = tmp_path / "run" / "work"
+    assert not (work / "s").exists() and (work / "index").is_dir()  # only the store went
+    assert store_id_at(work / "s") is None
