@@ -117,6 +117,20 @@ def test_campaign_tilt(capsys: pytest.CaptureFixture[str]) -> None:
     one_line_error(capsys)
 
 
+def test_campaign_leads_with_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["campaign", "--fault-model", "raw-ber", "--param", "ber=4e-7", "--protection",
+            "rs(255,239)", "--trials", "2", "--blocks", "4", "--chunk-tokens", "64",
+            "--kv-heads", "1", "--quiet"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("rkv: 0 silent corruptions")
+    assert lines[1].startswith("raw storage")          # raw storage under the same faults
+    assert any(line.startswith("fault model: raw-ber") for line in lines[:5])
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"].startswith("rkv: 0 silent corruptions") and "raw" in doc
+
+
 @pytest.mark.parametrize(("exc", "code"), [
     (ChecksumError("block 3 failed\nits checksum"), 1),
     (StoreClosedError("closed"), 2),

@@ -165,9 +165,9 @@ def _parse_scalar(raw: str) -> Any:
 
 
 def cmd_campaign(args: Any) -> int:
-    from dataclasses import replace
 
-    from rkv.faults.campaign import format_summary, replay_trial, run_campaign, stderr_progress
+    from rkv.faults.campaign import replay_trial, run_with_raw
+    from rkv.faults.campaign_report import format_report
 
     given = [f"--{n.replace('_', '-')}" for n in ("refresh_hours", "residency_hours")
              if getattr(args, n) is not None]
@@ -186,23 +186,13 @@ def cmd_campaign(args: Any) -> int:
         print(json.dumps(replay_trial(cfg, args.replay), indent=2))
         return 0
     quiet = args.json or args.csv or args.quiet
-    summary = run_campaign(cfg, progress=None if quiet else stderr_progress)
-    result: dict[str, Any] = summary.to_json()
-    raw = None
-    if args.compare_raw and summary.protection != "raw":
-        log.info("the same campaign on raw storage")
-        raw = run_campaign(replace(cfg, protection="raw", rows=""),
-                           progress=None if quiet else stderr_progress)
-        result["raw"] = raw.to_json()
-    if args.json:
-        print(json.dumps(result, indent=2))
+    summary, raw = run_with_raw(cfg, compare_raw=args.compare_raw, progress=not quiet)
+    if args.json:           # Summary.to_json() with "raw", "verdict" and "fault_model"
+        print(format_report(summary, raw, "json"), end="")
     elif args.csv:
         print(_csv(summary, raw), end="")
-    else:
-        print(format_summary(summary))
-        if raw is not None:
-            print("\nthe same campaign on raw storage (no header, no checksum: what peers do):")
-            print(format_summary(raw))
+    else:                   # the verdict first, then the fault model and the tables
+        print(format_report(summary, raw), end="")
         if cfg.rows:
             print(f"\nper-trial rows: {cfg.rows} (replay one with --replay TRIAL)")
     return 0
