@@ -334,7 +334,8 @@ def stats(engine: Engine) -> dict[str, Any]:
     for name in engine._order:
         tc = engine.config.tier(name)
         tiers[name] = {
-            "medium": tc.medium, "blocks": usage.blocks(name), "bytes": usage.bytes(name),
+            "kind": tc.kind, "medium": tc.medium, "blocks": usage.blocks(name),
+            "bytes": usage.bytes(name),
             "capacity_bytes": tc.capacity_bytes, "fault_model": tc.fault_model,
             "ecc": tc.ecc, **engine._tiers[name].stats(), "mix": mix.tier(name),
             "ages": ages.tier(name),

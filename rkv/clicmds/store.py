@@ -80,6 +80,10 @@ def _print_created(root: Path, cfg: Any, as_json: bool, *, existed: bool) -> Non
     for t in cfg.tiers:
         where = t.path or ("memory-backed directory" if t.medium == "memory"
                            else f"{root}/tiers/{t.name}")
+        if t.kind != "lmdb":         # a remote tier: its server, never its credentials
+            from rkv.tiers.remote_config import redact_url
+
+            where = f"{t.kind} at {redact_url(t.url)}"
         print(f"  {t.name}: {t.medium}, {human_bytes(t.capacity_bytes)}, ecc {t.ecc}, quant "
               f"{t.quant}, fault model {t.fault_model}, policy {t.policy} ({where})")
 
@@ -99,7 +103,7 @@ def info_cmd(**kw: Any) -> int:
 def _tier_columns() -> list[Any]:
     from rkv.ui import Column, human_bytes
 
-    return [Column("name"), Column("medium"), Column("blocks", align="right"),
+    return [Column("name"), Column("kind"), Column("medium"), Column("blocks", align="right"),
             Column("bytes", "used", "right", human_bytes),
             Column("capacity_bytes", "capacity", "right", human_bytes), Column("ecc"),
             Column("fault_model", "fault model"), Column("path")]

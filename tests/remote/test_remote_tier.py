@@ -251,6 +251,7 @@ def test_credentials_never_show(tmp_path: Path, auth_redis: RedisServer,
         Engine.open(tmp_path / "s3", cfg)
     seen.append(str(err2.value))
     out = capsys.readouterr()
+    assert '"kind": "redis"' in out.out and " redis " in out.out   # info names the kind
     seen += [out.out, out.err, caplog.text]
     for text in seen:
         for secret in (ACL_PASSWORD, DEFAULT_PASSWORD):
