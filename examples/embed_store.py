@@ -43,9 +43,10 @@ def main(path: str, keep: bool) -> None:
         # lookup counts whole chunks of a longer prompt; a stored partial chunk only matches
         # a prompt that ends where it ends
         longer = [*prompt_a, 7, 8, 9]
-        print("lookup(A + 3 tokens) =", store.lookup(longer, model=MODEL))
-        print("lookup(A) =", store.lookup(prompt_a, model=MODEL))
-        print("lookup(system prompt + other) =", store.lookup(system + [5] * 50, model=MODEL))
+        found = (store.lookup(longer, model=MODEL), store.lookup(prompt_a, model=MODEL),
+                 store.lookup(system + [5] * 50, model=MODEL))
+        print("lookup: A + 3 tokens {}, A {}, the system prompt + others {}".format(*found))
+        assert found == (768, 1000, 512)           # what README.md says
 
         got = store.get(prompt_b, model=MODEL)     # every block verified against its checksum
         assert got.ok and np.array_equal(got.kv, kv_b)
