@@ -193,3 +193,15 @@ def test_info_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert row["scrub_hours"] is None or row["scrub_hours"] >= 0.0
     assert main(["info", str(tmp_path / "s")]) == 0
     assert "scrub schedule" not in capsys.readouterr().out
+
+
+def test_models_by_preset_name_or_a_typed_error() -> None:
+    from rkv.faults.schedule import as_model, refresh_age, scrub_interval
+
+    code = "rs(255,239)"
+    assert refresh_age("raw-ber", code, 4096, 1e-3) == refresh_age(
+        as_model("raw-ber"), code, 4096, 1e-3)
+    assert scrub_interval({"preset": "raw-ber"}, code, 4096, 1e-3) > 0
+    for bad in ("nvme-tl", 3, None):
+        with pytest.raises(ConfigError, match="fault model"):
+            refresh_age(bad, "none", 4096, 1e-3)

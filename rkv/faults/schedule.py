@@ -94,12 +94,29 @@ _CACHE: dict[tuple[str, str, int, float], float] = {}
 _CACHE_MAX = 4096
 
 
+def as_model(model: Any) -> Any:
+    """A fault model, or a preset name (``"nvme-tlc"``) or parameter table made into one;
+    anything else is a ConfigError (not an AttributeError deep in the search)."""
+    import faultmodels
+
+    if isinstance(model, faultmodels.FaultModel):
+        return model
+    if isinstance(model, str | dict):
+        try:
+            return faultmodels.get_model(model)
+        except faultmodels.FaultModelError as exc:
+            raise ConfigError(f"fault model: {exc}") from exc
+    raise ConfigError(f"fault model must be a FaultModel, a preset name or a table, got "
+                      f"{type(model).__name__}")
+
+
 def _model_key(model: Any) -> str:
     return json.dumps(model.params(), sort_keys=True, default=str)
 
 
 def p_due(model: Any, code: str, data_bytes: int, hours: float) -> float:
     """``predict(code, data_bytes, model, hours, exact_counts=True).p_due``, memoized."""
+    model = as_model(model)
     from rkv.faults.reliability import predict
 
     key = (_model_key(model), code, int(data_bytes), float(hours))
@@ -199,6 +216,7 @@ def refresh_age(model: Any, code: str, data_bytes: int, target: float, *,
     P(DUE) <= ``target`` (the largest such age, within ``rel_tol``); ``inf`` if the target
     holds for ``max_hours``; :class:`InfeasibleTarget` if it fails at age 0 (or within a
     second)."""
+    model = as_model(model)
     target = check_target(target)
 
     def f(h: float) -> float:
@@ -219,6 +237,7 @@ def scrub_interval(model: Any, code: str, data_bytes: int, target: float, *,
     """The longest patrol interval at which a scrubbed block keeps P(DUE) <= ``target`` per
     interval: a fresh block of age ``I`` whose latent window is ``min(latent_hours, I / 2)``;
     ``inf`` if the target holds for ``max_hours``."""
+    model = as_model(model)
     target = check_target(target)
 
     def f(h: float) -> float:
@@ -288,7 +307,7 @@ def schedule(model: Any, code: str, data_bytes: int, target: float, *,
         raise ConfigError(f"horizon_hours must be a positive number, got {horizon_hours!r}")
     if not isinstance(model, faultmodels.FaultModel):
         label = name or str(model)
-        model = faultmodels.get_model(model)
+        model = as_model(model)
     else:
         label = name or model_label(model)
     notes = []
