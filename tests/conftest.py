@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,3 +18,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     return tmp_path / "store"
+
+
+@pytest.fixture
+def codec_pool4(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The codec pool at 4 threads with no size threshold (every batch goes to the pool),
+    restored afterwards."""
+    from rkv import parallel
+
+    before = parallel._setting
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
+    parallel.configure(4)
+    yield
+    parallel.configure(before)

@@ -3,7 +3,6 @@ status for status, damaged or not."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,13 +32,7 @@ CODES = ["none", "rs(255,239)", "rs(255,223,interleave=8)", "bch(m=13,t=8)",
 SHAPE = (2, 64, 2, 32)
 
 
-@pytest.fixture(autouse=True)
-def _pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    before = parallel._setting
-    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
-    parallel.configure(4)
-    yield
-    parallel.configure(before)
+pytestmark = pytest.mark.usefixtures("codec_pool4")   # tests/conftest.py
 
 
 def _header(i: int) -> RecordHeader:

@@ -3,7 +3,6 @@ the statuses, counts and bytes of one block at a time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,7 @@ SPEC = ModelSpec("test/pool", n_layers=6, n_kv_heads=2, head_dim=32, dtype="floa
 CHUNK = 32
 
 
-@pytest.fixture(autouse=True)
-def _pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    before = parallel._setting
-    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
-    parallel.configure(4)
-    yield
-    parallel.configure(before)
+pytestmark = pytest.mark.usefixtures("codec_pool4")   # tests/conftest.py
 
 
 def _store(tmp_path: Path, ecc: str, quant: str = "none") -> tuple[Engine, list[int],

@@ -94,21 +94,29 @@ def test_two_nodes_store_the_same_chunk(tmp_path: Path, redis_server: RedisServe
             np.testing.assert_array_equal(e.get(list(range(40)), model=SMALL).kv, kv)
 
 
+def _shared_prefix(tmp: Path, server: RedisServer, seed: int
+                   ) -> tuple[EngineConfig, list[int], np.ndarray, list[bytes], RedisTier]:
+    """Node "a" stores 48 tokens (3 chunks) through a shared remote tier; its config, the
+    tokens, their KV, their chunk keys and the remote tier (closed; its key() still works)."""
+    cfg = remote_config(server.url, ns())
+    kv = random_kv(SMALL, 48, seed=seed)
+    toks = list(range(48))
+    keys = chunk_keys(as_token_array(toks), SMALL.fingerprint(), 16)
+    with Engine.open(tmp / "a", cfg) as a:
+        a.put(toks, kv, model=SMALL)
+        t = a.tiers["remote"]
+        assert isinstance(t, RedisTier)
+    return cfg, toks, kv, keys, t
+
+
 def test_probe_refuses_a_record_of_another_key(tmp_path: Path,
                                                redis_server: RedisServer) -> None:
     """A value under a chunk's key that holds another block (a bug, a stale copy) is not
     adopted: its header names another key."""
-    cfg = remote_config(redis_server.url, ns())
-    kv = random_kv(SMALL, 48, seed=3)
-    toks = list(range(48))
-    keys = chunk_keys(as_token_array(toks), SMALL.fingerprint(), 16)
-    with Engine.open(tmp_path / "a", cfg) as a:
-        a.put(toks, kv, model=SMALL)
-        t = a.tiers["remote"]
-        assert isinstance(t, RedisTier)
-        c = redis_server.client()
-        c.set(t.key(block_key(keys[1], 0)),             # type: ignore[attr-defined]
-              c.get(t.key(block_key(keys[2], 0))))      # type: ignore[attr-defined]
+    cfg, toks, kv, keys, t = _shared_prefix(tmp_path, redis_server, seed=3)
+    c = redis_server.client()
+    c.set(t.key(block_key(keys[1], 0)),                 # type: ignore[attr-defined]
+          c.get(t.key(block_key(keys[2], 0))))          # type: ignore[attr-defined]
     with Engine.open(tmp_path / "b", cfg) as b:
         got = b.get(toks, model=SMALL)
         assert got.n_tokens == 16
@@ -120,19 +128,12 @@ def test_adopted_record_failing_its_checksum(tmp_path: Path,
                                              redis_server: RedisServer) -> None:
     """The probe trusts headers only; the get verifies the data, and a chunk that fails is
     not returned and is forgotten."""
-    cfg = remote_config(redis_server.url, ns())
-    kv = random_kv(SMALL, 48, seed=4)
-    toks = list(range(48))
-    keys = chunk_keys(as_token_array(toks), SMALL.fingerprint(), 16)
-    with Engine.open(tmp_path / "a", cfg) as a:
-        a.put(toks, kv, model=SMALL)
-        t = a.tiers["remote"]
-        assert isinstance(t, RedisTier)
-        c = redis_server.client()
-        k = t.key(block_key(keys[1], 2))
-        v = bytearray(c.get(k))                         # type: ignore[attr-defined]
-        v[len(v) // 2] ^= 0x10                          # one bit of the payload
-        c.set(k, bytes(v))                              # type: ignore[attr-defined]
+    cfg, toks, kv, keys, t = _shared_prefix(tmp_path, redis_server, seed=4)
+    r = redis_server.client()
+    k = t.key(block_key(keys[1], 2))
+    v = bytearray(r.get(k))                             # type: ignore[attr-defined]
+    v[len(v) // 2] ^= 0x10                              # one bit of the payload
+    r.set(k, bytes(v))                                  # type: ignore[attr-defined]
     with Engine.open(tmp_path / "b", cfg) as b:
         got = b.get(toks, model=SMALL)
         assert got.n_tokens == 16
