@@ -47,6 +47,8 @@ def main(path: str, keep: bool) -> None:
                  store.lookup(system + [5] * 50, model=MODEL))
         print("lookup: A + 3 tokens {}, A {}, the system prompt + others {}".format(*found))
         assert found == (768, 1000, 512)           # what README.md says
+        # partial=True also counts the stored partial chunk that continues the longer prompt
+        assert store.lookup(longer, model=MODEL, partial=True) == 1000
 
         got = store.get(prompt_b, model=MODEL)     # every block verified against its checksum
         assert got.ok and np.array_equal(got.kv, kv_b)

@@ -33,6 +33,7 @@ from rkv.errors import (
 from rkv.index import Index
 from rkv.keys import as_token_array, chunk_keys
 from rkv.model import ModelSpec, as_model_spec
+from rkv.prefix import stored_prefix
 from rkv.promotion import Promotions
 from rkv.readpath import ReadPath
 from rkv.remote_share import RemoteShare
@@ -295,15 +296,29 @@ class Engine:
         return put_many(self, items, model, placement)
 
     # -- the read path ------------------------------------------------------------------------
-    def lookup(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> int:
-        """Length in tokens of the longest stored prefix of ``tokens`` (not yet verified)."""
-        spec, _, toks, keys = self._prepare(tokens, model)
+    def lookup(self, tokens: Any, *, model: ModelSpec | dict[str, Any],
+               partial: bool = False) -> int:
+        """Length in tokens of the longest stored prefix of ``tokens`` (not yet verified).
+        ``partial``: also count a stored partial chunk that continues it, one that a shorter
+        sequence ended with (read it with ``get(tokens[:n])``; :mod:`rkv.prefix`)."""
+        spec, fp, toks, keys = self._prepare(tokens, model)
         self._share.probe([(keys, len(toks))], spec)
         with self._index.env.read() as txn:
-            metas, _ = self._reads.stored(txn, keys)
+            if partial:
+                n = stored_prefix(self._index, txn, toks, fp, self.config.chunk_tokens,
+                                  self.config.store_partial_chunks)
+            else:
+                n = sum(m.n_tokens for m in self._reads.stored(txn, keys)[0])
         with self._lock:
             self._counters["lookups"] += 1
-        return sum(m.n_tokens for m in metas)
+        return n
+
+    def models(self) -> list[ModelSpec]:
+        """The model specs the store holds KV under (damaged entries left out)."""
+        self._check()
+        with self._index.env.read() as txn:
+            raw = self._index.models(txn)
+        return [ModelSpec.from_dict(d) for d in raw.values() if d is not None]
 
     def get(self, tokens: Any, *, model: ModelSpec | dict[str, Any], as_torch: bool = False,
             strict: bool = False, out: np.ndarray | None = None) -> GetResult:

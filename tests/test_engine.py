@@ -372,3 +372,23 @@ def test_two_handles_in_one_process(store_path: Path) -> None:
         a.put(toks(16), random_kv(SMALL, 16), model=SMALL)
         assert b.lookup(toks(16), model=SMALL) == 16
     assert EngineConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_lookup_partial_and_models(tmp_path: Path) -> None:
+    """lookup(partial=True) counts a stored partial chunk that continues the full chunks
+    (one a shorter sequence ended with); models() lists the specs stored under."""
+    with Engine.open(tmp_path / "s", local_config(16)) as e:
+        assert e.models() == []
+        toks = list(range(40))                       # 2 full chunks + a partial of 8
+        e.put(toks, random_kv(SMALL, 40), model=SMALL)
+        longer = [*toks, 99, 98, 97]
+        assert e.lookup(longer, model=SMALL) == 32   # the partial chunk's key hashes 8
+        assert e.lookup(longer, model=SMALL, partial=True) == 40
+        assert e.lookup(toks[:37], model=SMALL, partial=True) == 32   # it does not fit
+        assert e.lookup([*toks[:35], 7, 7, 7, 7, 7], model=SMALL, partial=True) == 32
+        got = e.get(longer[:e.lookup(longer, model=SMALL, partial=True)], model=SMALL)
+        assert got.n_tokens == 40
+        short = [5, 6, 7]                            # a partial first chunk, no parent
+        e.put(short, random_kv(SMALL, 3), model=SMALL)
+        assert e.lookup([*short, 1, 2], model=SMALL, partial=True) == 3
+        assert e.models() == [SMALL]

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rkv.errors import ShapeError
-from rkv.keys import as_token_array, chunk_keys
 from rkv.model import KV_DTYPES, ModelSpec
 
 if TYPE_CHECKING:
@@ -126,55 +125,14 @@ def _same_shape(spec: ModelSpec, shape: dict[str, int], what: str) -> None:
 
 def stored_specs(engine: Engine) -> list[ModelSpec]:
     """The model specs the store holds KV under (damaged entries left out)."""
-    engine._check()
-    # Engine has no public list of its models (stats() walks every chunk): read the index's
-    # small models table directly.
-    ix = engine._index
-    with ix.env.read() as txn:
-        raw = ix.models(txn)
-    return [ModelSpec.from_dict(d) for d in raw.values() if d is not None]
+    return engine.models()
 
 
 def stored_prefix(engine: Engine, tokens: Any, spec: ModelSpec) -> int:
     """Length of the longest stored prefix of ``tokens``, counting a stored partial chunk
-    that starts the rest after the stored full chunks (not yet verified: a get does that).
-
-    After ``k`` stored full chunks the candidates are the children of chunk ``k - 1`` in the
-    index (each stored chunk records its parent) that are shorter than a chunk; at the first
-    chunk, which has no parent entry, every length from the longest possible down is
-    tried. Cost: one hash of at most ``chunk_tokens`` tokens and one index read per try.
-    """
-    toks = as_token_array(tokens)
-    c = engine.config.chunk_tokens
-    fp = spec.fingerprint()
-    n_full = len(toks) // c
-    keys = chunk_keys(toks[:n_full * c], fp, c)
-    engine._check()
-    # A per-key existence check is not public on Engine (lookup() hashes and reads the
-    # whole chain each time: 88 us per try for 2k tokens, measured): read the index here.
-    ix = engine._index
-    with ix.env.read() as txn:
-        full = 0
-        for key in keys:
-            if not ix.has_chunk(txn, key):
-                break
-            full += 1
-        start = full * c
-        room = min(c - 1, len(toks) - start)
-        if room <= 0 or not engine.config.store_partial_chunks:
-            return start
-        if full:
-            lengths: list[int] = sorted({m.n_tokens for kid in ix.kids(txn, keys[full - 1])
-                                         if (m := ix.read_chunk(txn, kid)) is not None
-                                         and m.n_tokens <= room}, reverse=True)
-        else:
-            lengths = list(range(room, 0, -1))
-        for n in lengths:
-            # The chain key of the partial chunk [start, start + n) (hashes the prefix again
-            # only for the few candidates a parent has).
-            if ix.has_chunk(txn, chunk_keys(toks[:start + n], fp, c)[-1]):
-                return start + n
-    return start
+    that continues the stored full chunks (not yet verified: a get does that;
+    :mod:`rkv.prefix`)."""
+    return engine.lookup(tokens, model=spec, partial=True)
 
 
 def as_rows(input_ids: Any, attention_mask: Any = None) -> list[list[int]]:
