@@ -118,17 +118,25 @@ def destroy_store(engine_cls: Any, root: Path) -> None:
             remove_outside(root, engine.config.tiers, engine.identity.id)
     except RkvError as exc:
         log.warning("destroying %s without reading its config (%s)", root, exc)
+        sid, shm = store_id_at(root), memory_dir()
+        if sid and shm is not None:          # its default memory tiers, at least
+            shutil.rmtree(shm / f"rkv-{sid}", ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
 
 
 def remove_outside(root: Path, tiers: tuple[TierConfig, ...], store_id: str) -> None:
-    """Delete the store's tier directories kept outside it (and their rkv-<id> parents)."""
+    """Delete the store's tier directories kept outside it (and their rkv-<id> parents), and
+    its whole ``rkv-<store id>`` memory directory: a memory tier that a later config moved
+    elsewhere left its old environment there, and nothing else may use that name."""
     for d in outside_dirs(root, tiers, store_id):
         shutil.rmtree(d, ignore_errors=True)
         parent = d.parent
         if parent.name.startswith("rkv-") and parent.parent == memory_dir():
             with suppress(OSError):
                 parent.rmdir()
+    shm = memory_dir()
+    if shm is not None and store_id:
+        shutil.rmtree(shm / f"rkv-{store_id}", ignore_errors=True)
 
 
 def store_id_at(path: Path) -> str | None:

@@ -230,3 +230,21 @@ def test_moved_store(tmp_path: Path, variant: str) -> None:
     finally:
         problems += destroy_all(track, orig, moved)
     assert not problems, "\n".join(problems)
+
+
+def test_destroy_removes_a_memory_tier_a_later_config_moved(tmp_path: Path) -> None:
+    """The store's whole rkv-<id> memory directory goes, also a tier environment that a
+    reopen with another path for that tier left behind."""
+    from rkv.store import memory_dir
+
+    shm = memory_dir()
+    if shm is None:
+        pytest.skip("no memory-backed directory on this machine")
+    path = tmp_path / "kv"
+    with Engine.open(path) as e:                 # default: dram and cxl in /dev/shm
+        sid = e.identity.id
+    assert (shm / f"rkv-{sid}" / "cxl").is_dir()
+    with Engine.open(path, EngineConfig().with_tier("cxl", path="cxl")):
+        pass
+    Engine.destroy(path)
+    assert not path.exists() and not (shm / f"rkv-{sid}").exists()
