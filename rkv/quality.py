@@ -474,27 +474,3 @@ def _summary(label: str, reference: bool, attention: bool, acc: dict[str, Any]) 
 
 def _exp(x: float) -> float:
     return math.exp(x) if x < 709 else math.inf
-
-
-def _pm(c: MeanCI | None, fmt: str) -> str:
-    if c is None or math.isnan(c.half):
-        return "" if c is None else f"{c.mean:{fmt}}"
-    return f"{c.mean:{fmt}} +/- {c.half:{fmt}}"
-
-
-def format_table(rows: list[Quality]) -> str:
-    """The human table: means over windows with 95 % t half-widths (the perplexity change is
-    paired with the untouched cache window by window)."""
-    head = (f"{'setting':<40} {'perplexity':>10} {'d ppl (95% CI)':>19} "
-            f"{'KL nats (95% CI)':>21} {'top-1 (95% CI)':>17} {'SNR dB':>7} {'attn err':>9} "
-            f"{'recomputed':>10}  blocks")
-    lines = [head, "-" * len(head)]
-    for q in rows:
-        ci = q.ci()
-        blocks = ", ".join(f"{k}={v}" for k, v in sorted(q.report.items()) if v)
-        redo = f"{q.recomputed_tokens} tok" if q.recomputed_tokens else "0"
-        lines.append(f"{q.label:<40} {q.perplexity:>10.3f} "
-                     f"{_pm(ci.get('delta_perplexity'), '.3f'):>19} "
-                     f"{_pm(ci.get('kl'), '.3g'):>21} {_pm(ci.get('top1'), '.3f'):>17} "
-                     f"{q.snr_db:>7.1f} {q.attention_error:>9.2g} {redo:>10}  {blocks}")
-    return "\n".join(lines)

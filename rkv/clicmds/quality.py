@@ -138,7 +138,8 @@ def cmd_quality(args: Any) -> int:
     check_settings(settings)
     log.info("quality: %d rows checked", len(settings))
 
-    from rkv.quality import evaluate, format_table, load_smollm2, text_windows
+    from rkv.quality import evaluate, load_smollm2, text_windows
+    from rkv.quality_table import format_table
     from rkv.ui import Progress
 
     if not args.quiet:       # on a terminal or not: the model takes a minute to load

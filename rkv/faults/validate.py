@@ -134,15 +134,18 @@ def run_matrix(quick: bool = False, *, trials: int = 40, workers: int = 1,
     return out
 
 
-def markdown(cells: list[Cell]) -> str:
-    lines = ["| model | protection | hours | faulty blocks | lost | model | z | recovered | "
-             "model | z |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for c in cells:
-        lines.append(
-            f"| {c.model} | {c.protection} | {c.hours:g} | {c.blocks} | {c.due} | "
-            f"{c.p_due:.3g} | {c.z_due:+.1f} | {c.recovered} | {c.p_recovered:.3g} | "
-            f"{c.z_recovered:+.1f} |")
-    return "\n".join(lines)
+def markdown(cells: list[Cell], fmt: str = "markdown") -> str:
+    """The cells as a table through :mod:`rkv.ui` (``markdown`` by default: the form
+    docs/reliability.md shows; ``text`` for a terminal)."""
+    from rkv.ui import Column, render
+
+    cols = [Column("model"), Column("protection"), Column("hours", align="right", fmt="g"),
+            Column("blocks", "faulty blocks", "right"), Column("due", "lost", "right"),
+            Column("p_due", "model", "right", ".3g"), Column("z_due", "z", "right", "+.1f"),
+            Column("recovered", align="right"),
+            Column("p_recovered", "model", "right", ".3g"),
+            Column("z_recovered", "z", "right", "+.1f")]
+    return render([asdict(c) for c in cells], cols, fmt=fmt).rstrip("\n")
 
 
 def to_json(cells: list[Cell]) -> list[dict[str, Any]]:

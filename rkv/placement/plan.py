@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
@@ -72,31 +71,29 @@ class Plan:
         d["binding"], d["extra"] = list(self.binding), dict(self.extra)
         return d
 
-    def table(self, limit: int | None = 60) -> str:
-        """A readable table (``rich`` when installed, else plain text); ``limit`` rows."""
-        head = ("layer", "kind", "chunk", "tier", "bits", "code", "P(DUE)", "P(SDC)",
-                "bytes", "KL", "cost us", "reason")
-        rows = [(str(b.layer), b.kind.upper(), str(b.chunk), b.tier, str(b.bits), b.code,
-                 f"{b.p_due:.2g}", f"{b.p_sdc:.2g}", str(b.record_bytes), f"{b.kl:.3g}",
-                 f"{b.expected_cost_us:.4g}", b.reason)
+    def table(self, limit: int | None = 60, fmt: str = "text") -> str:
+        """The blocks as a table through :mod:`rkv.ui` (``limit`` rows; text and markdown
+        end with the plan's totals, json and csv are the rows alone)."""
+        from rkv.ui import Column, render
+
+        cols = [Column("layer", align="right"), Column("kind"), Column("chunk", align="right"),
+                Column("tier"), Column("bits", align="right"), Column("code"),
+                Column("p_due", "P(DUE)", "right", ".2g"),
+                Column("p_sdc", "P(SDC)", "right", ".2g"),
+                Column("bytes", align="right"), Column("kl", "KL", "right", ".3g"),
+                Column("cost_us", "cost us", "right", ".4g"), Column("reason")]
+        rows = [{"layer": b.layer, "kind": b.kind.upper(), "chunk": b.chunk, "tier": b.tier,
+                 "bits": b.bits, "code": b.code, "p_due": b.p_due, "p_sdc": b.p_sdc,
+                 "bytes": b.record_bytes, "kl": b.kl, "cost_us": b.expected_cost_us,
+                 "reason": b.reason}
                 for b in (self.blocks if limit is None else self.blocks[:limit])]
+        out = render(rows, cols, fmt=fmt)
+        if fmt in ("json", "csv"):
+            return out
         used = ", ".join(f"{k} {v}/{self.tier_free[k]} B" for k, v in self.tier_bytes.items())
         foot = (f"total cost {self.total_cost_us:.6g} us (bound {self.lower_bound_us:.6g}), "
                 f"KL {self.kl:.4g}/{self.kl_budget:.4g}, expected DUE {self.expected_due:.3g}, "
                 f"{used}; binding: {', '.join(self.binding) or 'none'}; {self.method}")
         if limit is not None and len(self.blocks) > limit:
             foot = f"({len(self.blocks) - limit} more blocks)\n" + foot
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except ImportError:  # pragma: no cover - rich is installed in the dev venv
-            widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-            lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in [head, *rows]]
-            return "\n".join([*lines, foot])
-        t = Table(*head)
-        for r in rows:
-            t.add_row(*r)
-        buf = io.StringIO()
-        Console(file=buf, width=200, color_system=None).print(t)
-        return buf.getvalue() + foot
+        return out.rstrip("\n") + "\n" + foot

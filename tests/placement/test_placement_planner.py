@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from typing import Any
 
@@ -62,6 +63,9 @@ def test_plan_meets_every_constraint_and_matches_oracle() -> None:
     assert any("KL budget" in b.reason for b in fast.blocks)
     table = fast.table()
     assert "reason" in table and "binding: quality_budget_kl" in table
+    rows = json.loads(fast.table(None, "json"))          # the rows alone, values as numbers
+    assert len(rows) == len(fast.blocks) and rows[0]["p_due"] == fast.blocks[0].p_due
+    assert fast.table(None, "csv").splitlines()[0].startswith("layer,kind,chunk,tier")
 
 
 def test_capacity_binds() -> None:
