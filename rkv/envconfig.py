@@ -29,6 +29,7 @@ from typing import Any
 
 from rkv.config import EngineConfig, TierConfig
 from rkv.errors import ConfigError
+from rkv.ui.sizes import UNITS
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,7 @@ PREFIX = "RKV_"
 CONFIG_VAR = "RKV_CONFIG"
 TIER_PREFIX = "RKV_TIER_"
 
-_UNITS = {"": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
-          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -62,10 +61,10 @@ def _parse(var: str, raw: str, example: Any) -> Any:
         raise ConfigError(f"{var}={raw!r}: expected a bool (true/false, 1/0, yes/no, on/off)")
     if isinstance(example, int):
         m = _SIZE.match(text)
-        if m is None:
+        if m is None or m.group(2).lower() not in UNITS:
             raise ConfigError(f"{var}={raw!r}: expected an integer (sizes may end in KiB, MiB, "
                               "GiB, TiB, KB, MB, GB, TB)")
-        value = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
+        value = float(m.group(1)) * UNITS[m.group(2).lower()]
         if value != int(value):
             raise ConfigError(f"{var}={raw!r}: not a whole number")
         return int(value)

@@ -197,11 +197,7 @@ class ReadPath:
             return BlockStatus(ci, layer, tier, MISSING, 0, exc)
         except IntegrityError as exc:
             return BlockStatus(ci, layer, tier, UNCORRECTABLE, 0, exc)
-        if degraded:      # not rewritten: that would make its noise look verified
-            return BlockStatus(ci, layer, tier, DEGRADED, corrected, None, repairs)
-        if repairs or corrected:
-            return BlockStatus(ci, layer, tier, CORRECTED, corrected, None, repairs)
-        return BlockStatus(ci, layer, tier, OK)
+        return _verified(ci, layer, tier, repairs, corrected, degraded)
 
     @staticmethod
     def decode(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec, n_tokens: int,
@@ -246,8 +242,14 @@ def _status(ci: int, layer: int, tier: str, repairs: int,
         return BlockStatus(ci, layer, tier, MISSING, 0, v)
     if isinstance(v, IntegrityError):
         return BlockStatus(ci, layer, tier, UNCORRECTABLE, 0, v)
-    if v.degraded:      # not rewritten: that would make its noise look verified
-        return BlockStatus(ci, layer, tier, DEGRADED, v.corrected, None, repairs)
-    if repairs or v.corrected:
-        return BlockStatus(ci, layer, tier, CORRECTED, v.corrected, None, repairs)
+    return _verified(ci, layer, tier, repairs, v.corrected, v.degraded)
+
+
+def _verified(ci: int, layer: int, tier: str, repairs: int, corrected: int,
+              degraded: int) -> BlockStatus:
+    """A block that verified: degraded, corrected (ECC or header copies) or ok."""
+    if degraded:      # not rewritten: that would make its noise look verified
+        return BlockStatus(ci, layer, tier, DEGRADED, corrected, None, repairs)
+    if repairs or corrected:
+        return BlockStatus(ci, layer, tier, CORRECTED, corrected, None, repairs)
     return BlockStatus(ci, layer, tier, OK)

@@ -34,6 +34,7 @@ from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Re
 from policies.belady import Belady, InfiniteCache, next_use_positions
 from rkv.errors import ConfigError, InputError
 from rkv.traces import Request
+from rkv.ui.sizes import UNITS
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -134,8 +135,6 @@ def prepare(requests: Iterable[Request], cost: CostModel = CostModel()) -> Trace
 
 
 # -- capacities ------------------------------------------------------------------------------------
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _CAP = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(%|[A-Za-z]*)\s*$")
 
 
@@ -160,14 +159,14 @@ def parse_capacity(text: str) -> Capacity:
     bytes (a bare number above 1 is bytes)."""
     m = _CAP.match(str(text))
     unit = m.group(2).lower() if m else ""
-    if m is None or (unit != "%" and unit not in _UNITS):
+    if m is None or (unit != "%" and unit not in UNITS):
         raise ConfigError(f"bad capacity {text!r} (a fraction like 0.05, a percentage like 5%, "
                           "or bytes like 2GiB)")
     value = float(m.group(1))
     if unit == "%":
         value /= 100
     elif unit or value > 1:
-        nbytes = int(value * _UNITS[unit])
+        nbytes = int(value * UNITS[unit])
         if nbytes < 1:
             raise ConfigError(f"capacity {text!r} is less than one byte")
         return Capacity(str(text), nbytes=nbytes)

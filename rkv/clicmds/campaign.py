@@ -190,26 +190,12 @@ def cmd_campaign(args: Any) -> int:
     if args.json:           # Summary.to_json() with "raw", "verdict" and "fault_model"
         print(format_report(summary, raw, "json"), end="")
     elif args.csv:
-        print(_csv(summary, raw), end="")
+        print(format_report(summary, raw, "csv"), end="")
     else:                   # the verdict first, then the fault model and the tables
         print(format_report(summary, raw), end="")
         if cfg.rows:
             print(f"\nper-trial rows: {cfg.rows} (replay one with --replay TRIAL)")
     return 0
-
-
-def _csv(summary: Any, raw: Any) -> str:
-    """The outcome rows of the run (and of the raw run, whose rows have the same columns)
-    as one CSV table."""
-    from rkv.faults.campaign import format_summary
-
-    text = format_summary(summary, "csv")
-    if raw is not None:
-        head, _, rows = format_summary(raw, "csv").partition("\n")
-        if head != text.partition("\n")[0]:         # e.g. importance sampling on one only
-            raise ConfigError("--csv: the raw run's table has other columns; use --json")
-        text += rows
-    return text
 
 
 # -- validate --------------------------------------------------------------------------------

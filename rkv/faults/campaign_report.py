@@ -9,6 +9,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from rkv.errors import ConfigError
 from rkv.faults.harness import OUTCOMES
 from rkv.ui.sizes import human_bytes
 from rkv.ui.tables import Column, check_format, render
@@ -267,7 +268,12 @@ def format_report(s: Summary, raw: Summary | None = None, fmt: str = "text") -> 
         return json.dumps(doc, indent=2) + "\n"
     if fmt == "csv":
         out = format_summary(s, "csv")
-        return out + ("".join(format_summary(raw, "csv").splitlines(True)[1:]) if raw else "")
+        if raw is None:
+            return out
+        head, _, rows = format_summary(raw, "csv").partition("\n")
+        if head != out.partition("\n")[0]:     # e.g. importance sampling on one run only
+            raise ConfigError("csv: the raw run's table has other columns; use json")
+        return out + rows
     note = explain_agreement(s, raw)
     lines = [verdict(s, raw), "",
              f"fault model: {fault_model_text(cfg)}",

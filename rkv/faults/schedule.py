@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rkv.checks import as_float, as_int
 from rkv.errors import ConfigError
 
 __all__ = [
@@ -301,29 +302,25 @@ def schedule(model: Any, code: str, data_bytes: int, target: float, *,
     import faultmodels
 
     target = check_target(target)
-    if isinstance(data_bytes, bool) or not isinstance(data_bytes, int) or data_bytes <= 0:
-        raise ConfigError(f"data_bytes must be a positive int, got {data_bytes!r}")
-    if not (isinstance(horizon_hours, int | float) and 0.0 < horizon_hours < math.inf):
-        raise ConfigError(f"horizon_hours must be a positive number, got {horizon_hours!r}")
+    as_int(data_bytes, "data_bytes", lo=1)
+    horizon = as_float(horizon_hours, "horizon_hours", lo=0, lo_open=True)
     if not isinstance(model, faultmodels.FaultModel):
         label = name or str(model)
         model = as_model(model)
     else:
         label = name or model_label(model)
-    notes = []
-    try:
-        refresh = refresh_age(model, code, data_bytes, target, rel_tol=rel_tol,
-                              max_hours=max_hours)
-    except InfeasibleTarget as exc:
-        refresh = 0.0
-        notes.append(f"unscrubbed: {exc}")
-    try:
-        interval = scrub_interval(model, code, data_bytes, target, rel_tol=rel_tol,
-                                  max_hours=max_hours)
-    except InfeasibleTarget as exc:
-        interval = 0.0
-        notes.append(f"no scrub interval meets the target: {exc}")
-    horizon = float(horizon_hours)
+    notes: list[str] = []
+
+    def boundary(fn: Callable[..., float], why: str) -> float:
+        """``fn``'s age, or 0 with a note when the target fails at age 0."""
+        try:
+            return fn(model, code, data_bytes, target, rel_tol=rel_tol, max_hours=max_hours)
+        except InfeasibleTarget as exc:
+            notes.append(f"{why}: {exc}")
+            return 0.0
+
+    refresh = boundary(refresh_age, "unscrubbed")
+    interval = boundary(scrub_interval, "no scrub interval meets the target")
     p0 = p_due(_scrubbed_model(model, 0.0), code, data_bytes, 0.0)
     unscrubbed = per_day(max(p_due(model, code, data_bytes, horizon) - p0, 0.0), horizon)
     if interval > 0.0:
