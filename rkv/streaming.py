@@ -16,8 +16,10 @@ layer and every earlier one (non-increasing along the stream; the stream's final
 ``n_tokens`` positions stay valid (causal attention at a position never depends on later
 positions), and the caller recomputes from token ``n_tokens`` on, in every layer.
 
-The background thread reads in its own snapshot of each tier, opened at its start: a chunk
-evicted or deleted while the stream runs is still read whole from that snapshot. Closing the
+Layer 0 is read in the caller's thread while the stream is created (a thread start and a GIL
+hand-off on the way to the first layer cost about as much as reading it), the rest by the
+background thread in its own snapshot of each tier, opened as it starts: a chunk evicted or
+deleted while the stream runs is still read whole from that snapshot. Closing the
 stream early (``close()``, leaving a ``with`` block, or dropping it) stops the thread before
 its next layer; repairs, access times and promotions are applied only by a stream read to its
 end.
@@ -56,7 +58,8 @@ class LayerKV(NamedTuple):
 
 
 class _Producer:
-    """The background reader (no reference to the stream, so a dropped stream is closed)."""
+    """The layer reader (no reference to the stream, so a dropped stream is closed): layer 0
+    by :meth:`first` in the caller's thread, the others by the background thread."""
 
     def __init__(self, engine: Engine, spec: ModelSpec, keys: list[bytes], metas: list[Any],
                  out: np.ndarray, ahead: int) -> None:
@@ -64,6 +67,16 @@ class _Producer:
         self.q: queue.Queue[Any] = queue.Queue(maxsize=max(1, ahead))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, name="rkv-layers", daemon=True)
+        self.fp = spec.fingerprint()
+        self.starts = np.cumsum([0] + [m.n_tokens for m in metas]).tolist()
+        self.checks = [FastCheck(k, self.fp, spec, m.n_tokens)
+                       for k, m in zip(keys, metas, strict=False)]
+        self.n_chunks = len(metas)
+
+    def first(self) -> LayerKV:
+        """Layer 0, read now in its own snapshots."""
+        with ExitStack() as stack:
+            return self._layer(Readers(self.engine._tiers, stack), 0)
 
     def run(self) -> None:
         time.sleep(0)     # let the caller (waiting in Thread.start for the GIL) go on
@@ -74,35 +87,39 @@ class _Producer:
             self.q.put(exc)
 
     def _read(self) -> None:
-        engine, spec, keys, metas = self.engine, self.spec, self.keys, self.metas
-        fp = spec.fingerprint()
-        starts = np.cumsum([0] + [m.n_tokens for m in metas]).tolist()
-        checks = [FastCheck(k, fp, spec, m.n_tokens) for k, m in zip(keys, metas, strict=False)]
-        n_chunks = len(metas)
-        reads = engine._reads
         with ExitStack() as stack:
-            readers = Readers(engine._tiers, stack)
-            for layer in range(spec.n_layers):
-                hook = engine.hooks.get("stream_layer")   # tests hold a window open here
-                if hook is not None:
-                    hook()
+            readers = Readers(self.engine._tiers, stack)
+            n = self.spec.n_layers
+            for tier in {t for m in self.metas for t in m.layer_tiers(n)}:
+                if tier in readers.tiers:     # the snapshot opens now, before any hook
+                    readers(tier)
+            for layer in range(1, n):
                 if self.stop.is_set():
                     return
-                log = BlockLog()
-                statuses = []
-                for ci in range(n_chunks):
-                    meta = metas[ci]
-                    bad = reads.read_layers(readers, keys[ci], ci, meta, fp, spec, (layer,),
-                                            self.out[:, :, starts[ci]:starts[ci + 1]], log,
-                                            False, checks[ci], whole=False)
-                    statuses.append(log.special.get((ci, layer)) or BlockStatus(
-                        ci, layer, meta.layer_tiers(spec.n_layers)[layer], OK))
-                    if bad:
-                        n_chunks = ci
-                        break
-                n = starts[n_chunks]
-                self.q.put(LayerKV(layer, self.out[layer, :, :n], statuses, n))
+                self.q.put(self._layer(readers, layer))
                 time.sleep(0)    # hand the GIL to a consumer waiting for this layer
+
+    def _layer(self, readers: Readers, layer: int) -> LayerKV:
+        """One layer over the chunks of the prefix so far (cut at a bad block)."""
+        hook = self.engine.hooks.get("stream_layer")   # tests hold a window open here
+        if hook is not None:
+            hook()
+        spec, metas, keys, starts = self.spec, self.metas, self.keys, self.starts
+        reads = self.engine._reads
+        log = BlockLog()
+        statuses = []
+        for ci in range(self.n_chunks):
+            meta = metas[ci]
+            bad = reads.read_layers(readers, keys[ci], ci, meta, self.fp, spec, (layer,),
+                                    self.out[:, :, starts[ci]:starts[ci + 1]], log, False,
+                                    self.checks[ci], whole=False)
+            statuses.append(log.special.get((ci, layer)) or BlockStatus(
+                ci, layer, meta.layer_tiers(spec.n_layers)[layer], OK))
+            if bad:
+                self.n_chunks = ci
+                break
+        n = starts[self.n_chunks]
+        return LayerKV(layer, self.out[layer, :, :n], statuses, n)
 
 
 class LayerStream:
@@ -125,7 +142,16 @@ class LayerStream:
         self._done = False
         engine._decide.reading(self._reading, +1)
         self._p = _Producer(engine, spec, g.keys, g.metas, g.out, ahead)
-        self._p.thread.start()
+        try:
+            self._first: LayerKV | None = self._p.first()
+        except BaseException:
+            self._done = True
+            engine._decide.reading(self._reading, -1)
+            raise
+        if spec.n_layers > 1:
+            self._p.thread.start()
+        else:
+            self._p.q.put(_END)
 
     def __iter__(self) -> LayerStream:
         return self
@@ -133,7 +159,8 @@ class LayerStream:
     def __next__(self) -> LayerKV:
         if self._done:
             raise StopIteration
-        item = self._p.q.get()
+        item, self._first = (self._first, None) if self._first is not None else (
+            self._p.q.get(), None)
         if isinstance(item, LayerKV):
             self.n_tokens = item.n_tokens
             self.blocks += item.blocks
@@ -164,7 +191,8 @@ class LayerStream:
     def _release(self) -> None:
         if not self._done:
             self._done = True
-            self._p.thread.join()
+            if self._p.thread.ident is not None:
+                self._p.thread.join()
             self._engine._decide.reading(self._reading, -1)
 
     def close(self) -> None:

@@ -238,3 +238,40 @@ def test_closing_a_stream_early_stops_its_thread(tmp_path: Path) -> None:
                 assert x.layer == 0
                 break
         assert not s2._p.thread.is_alive() and not e._decide.inflight
+
+
+def test_layer_zero_is_read_by_the_caller_and_the_rest_in_the_background(
+        tmp_path: Path) -> None:
+    """get_layers returns with layer 0 verified (no thread start or GIL hand-off on the way
+    to the first layer); layers 1.. come from the stream's thread."""
+    t = list(range(40))
+    kv = random_kv(SMALL, 40)
+    with _open(tmp_path / "s") as e:
+        e.put(t, kv, model=SMALL)
+        readers: list[str] = []
+        e.hooks["stream_layer"] = lambda: readers.append(threading.current_thread().name)
+        stream = e.get_layers(t, model=SMALL)
+        assert readers[:1] == [threading.current_thread().name]
+        got = list(stream)
+        del e.hooks["stream_layer"]
+        assert readers[1:] == ["rkv-layers"] * (SMALL.n_layers - 1)
+        assert [x.layer for x in got] == list(range(SMALL.n_layers)) and stream.ok
+        for x in got:
+            assert np.array_equal(x.kv, kv[x.layer])
+
+
+def test_a_failure_reading_layer_zero_releases_the_chunks(tmp_path: Path) -> None:
+    t = list(range(40))
+    with _open(tmp_path / "s") as e:
+        e.put(t, random_kv(SMALL, 40), model=SMALL)
+
+        def hook() -> None:
+            raise OSError("medium gone")
+
+        e.hooks["stream_layer"] = hook
+        before = threading.active_count()
+        with pytest.raises(OSError, match="medium gone"):
+            e.get_layers(t, model=SMALL)
+        del e.hooks["stream_layer"]
+        assert not e._decide.inflight and threading.active_count() == before
+        assert e.get(t, model=SMALL).n_tokens == 40
