@@ -68,23 +68,21 @@ def put_many(engine: Engine, items: Sequence[tuple[Any, Any]], model: ModelSpec 
         if not keys:
             results[i] = PutResult(0, 0, 0, 0, 0, 0)
         elif full[i]:      # all stored already: no mutation, only a use of the chunks
-            engine._decide.used(keys, time.time())
+            touched += engine._decide.used(keys, time.time())
             results[i] = PutResult(len(toks), len(keys), 0, len(keys), 0, 0)
-            touched += keys
         else:
             bounds = chunk_bounds(len(toks), engine.config.chunk_tokens)[: len(keys)]
             plans.append((i, PutPlan(keys, bounds, spec, fp, arr, len(toks), over)))
+    if touched:     # stamped before the plans' entries: the order the policies see them
+        engine._touch(touched)
     if plans:
         def write_all(txn: Any, pending: Pending) -> list[PutResult]:
             out = [write_chunks(engine, plan, txn, pending) for _, plan in plans]
             engine._share.write_through(pending, [plan.keys for _, plan in plans])
             return out
 
-        for (i, plan), res in zip(plans, engine._mutate(write_all), strict=True):
-            results[i] = res
-            touched += plan.keys
-    if touched:
-        engine._touch(touched)
+        for (i, _), res in zip(plans, engine._mutate(write_all), strict=True):
+            results[i] = res     # (their entries are written with access times: no touch)
     done = [r for r in results if r is not None]
     with engine._lock:
         c = engine._counters

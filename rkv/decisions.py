@@ -190,13 +190,17 @@ class Decisions:
                 self._reported.popitem(last=False)
             return len(self._events) >= _REPORTED
 
-    def used(self, keys: list[bytes], now: float) -> None:
+    def used(self, keys: list[bytes], now: float) -> list[bytes]:
         """A put met these stored chunks without a mutation: hits, except those a read
-        already reported."""
+        already reported (the same access). Returns the hits: the chunks whose access time
+        the put moves (a policy rebuilt from access times then sees what this one saw)."""
+        hits = []
         with self._lock:
             for k in keys:
                 if self._reported.pop(k, 0) is not None:
                     self._events.append((k, now))
+                    hits.append(k)
+        return hits
 
     def reading(self, keys: list[bytes], delta: int) -> None:
         """Mark chunks as being read by this process (+1) or done (-1)."""
@@ -213,12 +217,24 @@ class Decisions:
         """Record access times, strictly increasing in call and key order (so policies
         rebuilt from them see the accesses in the order they happened). True when enough
         are pending that a mutation should write them."""
+        now = self.stamps(len(keys))
         with self._lock:
-            now = max(time.time_ns(), self._last_at + 1)
             for i, k in enumerate(keys):
                 self.touched[k] = now + i
-            self._last_at = now + len(keys)
             return len(self.touched) >= TOUCH_FLUSH
+
+    def stamps(self, n: int) -> int:
+        """The first of ``n`` access times after every one handed out so far (a put stamps
+        the entries it writes with them, in key order, instead of touching them after)."""
+        with self._lock:
+            now = max(time.time_ns(), self._last_at + 1)
+            self._last_at = now + n
+            return now
+
+    def touch_at(self, key: bytes, at: int) -> None:
+        """Record access time ``at`` (from :meth:`stamps`) for a stored chunk."""
+        with self._lock:
+            self.touched[key] = max(at, self.touched.get(key, 0))
 
     def take_touches(self) -> dict[bytes, int]:
         with self._lock:
@@ -272,12 +288,13 @@ class Decisions:
         if self.promoter is not None:
             self.promoter.on_access(key, True, now)
 
-    def seen_stored(self, key: bytes, now: float) -> None:
-        """A put met a stored chunk: a hit, unless a read already reported it."""
+    def seen_stored(self, key: bytes, now: float) -> bool:
+        """A put met a stored chunk: a hit (True), unless a read already reported it."""
         with self._lock:
             if self._reported.pop(key, 0) is None:
-                return
+                return False
         self._hit(key, now)
+        return True
 
     def missed(self, key: bytes, item: Item, now: float) -> None:
         """A put is about to store a chunk the store did not have: a miss in every tier."""

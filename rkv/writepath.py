@@ -158,6 +158,9 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     ix.put_model(txn, fp, _spec_json(spec))
     now_ns = time.time_ns()
     now = now_ns / 1e9
+    # Access times, strictly increasing in key order (what a touch after the put would give):
+    # a new entry is written with its own, a stored one is touched with it.
+    at = decide.stamps(len(keys))
     stamp = stamped(engine.clock)      # the records' write time, by the engine's clock
     mine: set[bytes] = set()
     protect = Protected(mine, decide, txn)
@@ -172,7 +175,8 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
         try:
             if ix.get_chunk(txn, key) is not None:
                 deduped += 1
-                decide.seen_stored(key, now)
+                if decide.seen_stored(key, now):
+                    decide.touch_at(key, at + i)
                 continue
         except CorruptStoreError:
             free_chunk(ix, txn, key, None, pending)  # heal a damaged entry
@@ -212,7 +216,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
         meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
                          fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,
                                                           layer_sizes, strict=True)),
-                         at=now_ns, pipes=tuple(pipeline_label(p) for p in pipes),
+                         at=at + i, pipes=tuple(pipeline_label(p) for p in pipes),
                          end=i == len(keys) - 1,     # (the sequence ends here: see below)
                          written=(stamp,) * spec.n_layers)
         ix.put_chunk(txn, key, meta, None)

@@ -449,3 +449,42 @@ def test_hits_waiting_for_a_mutation_stay_bounded(tmp_path: Path,
             assert e.get(t, model=SMALL).n_tokens == 16
             e.settle(30)
             assert len(e._decide._events) < 50
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(0, 2)),
+                min_size=1, max_size=12))
+def test_reopen_keeps_the_lru_order_of_shared_prefixes(tmp_path: Path,
+                                                       ops: list[tuple[int, int, int]]) -> None:
+    """Puts stamp the entries they write with access times in key order and touch the
+    stored chunks they reuse with the same sequence of times: after puts of sequences sharing
+    prefixes (one at a time and batched) and gets, the LRU order comes back exactly."""
+    import shutil
+
+    path = tmp_path / "s"
+    shutil.rmtree(path, ignore_errors=True)
+    base = toks(48, seed=99)
+
+    def seq(branch: int, chunks: int) -> list[int]:   # a shared prefix, then a branch
+        return [*base[: 16 * (chunks - 1)], *toks(16, seed=branch)]
+
+    with Engine.open(path, one_tier(7)) as e:
+        for branch, chunks, kind in ops:
+            t = seq(branch, chunks)
+            if kind == 0:
+                e.get(t, model=SMALL)
+            elif kind == 1:
+                e.put(t, random_kv(SMALL, len(t), seed=branch), model=SMALL)
+            else:
+                other = seq((branch + 1) % 4, 3)
+                e.put_many([(t, random_kv(SMALL, len(t), seed=branch)),
+                            (other, random_kv(SMALL, len(other), seed=branch + 1))],
+                           model=SMALL)
+        e.pin(base[:16], model=SMALL)        # a mutation: applies the reads' hits
+        e.unpin(base[:16], model=SMALL)
+        before = order(e)
+    with Engine.open(path) as e:
+        e.pin(base[:16], model=SMALL)
+        e.unpin(base[:16], model=SMALL)
+        assert order(e) == before
