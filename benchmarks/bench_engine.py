@@ -17,7 +17,9 @@ checksum (xxh3_128) on write and verification (header + checksum) on every read.
 Two more figures, each against a baseline in the same run:
 * ``put_many``: ``--batch-seqs`` small sequences (``--batch-tokens`` each, distinct) stored by
   one :meth:`Engine.put_many` against the same puts one call at a time, each into a fresh
-  store (sequences per second, ratio batched / one at a time);
+  store (sequences per second, ratio batched / one at a time); next to it raw LMDB writes of
+  the same blocks, a transaction per sequence against the batch's transactions (what
+  batching gains in the storage itself) and their share of put_many's time;
 * layer streaming: a ``--stream-tokens`` prefix of the 30-layer model read with
   :meth:`Engine.get_layers` into a reused buffer: the time until the first layer is handed
   out, against a full ``get(out=)`` of the same prefix (ratio first layer / full get).
@@ -164,9 +166,46 @@ def engine_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndar
     return (t_put, *t_get)
 
 
+def raw_batch(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
+              chunk: int) -> tuple[float, float]:
+    """Raw LMDB writes of the same blocks (seconds): one write transaction per sequence (as
+    a put commits its tier writes), then all of them in transactions of about WRITE_SLICE
+    bytes (as put_many does), each into a fresh environment: what batching gains where the
+    bytes are stored."""
+    fp = spec.fingerprint()
+    items = []
+    for t, kv in data:
+        keys = chunk_keys(as_token_array(t), fp, chunk)
+        items.append([(block_key(key, layer), np.ascontiguousarray(kv[layer, :, s:e]))
+                      for key, (s, e) in zip(keys, chunk_bounds(len(t), chunk), strict=True)
+                      for layer in range(spec.n_layers)])
+    times = []
+    for batched in (False, True):
+        env = lmdb.open(str(base / f"raw{batched}"), map_size=1 << 34, sync=False,
+                        metasync=False, readahead=False, max_dbs=2)
+        db = env.open_db(b"blocks")
+        groups: list[list[tuple[bytes, np.ndarray]]] = items
+        if batched:
+            groups, size = [[]], 0
+            for k, arr in (x for seq in items for x in seq):
+                if size >= WRITE_SLICE:
+                    groups, size = [*groups, []], 0
+                groups[-1].append((k, arr))
+                size += arr.nbytes
+        t0 = time.perf_counter()
+        for group in groups:
+            with env.begin(write=True, db=db) as txn:
+                for k, arr in group:
+                    txn.put(k, arr)
+        times.append(time.perf_counter() - t0)
+        env.close()
+    return times[0], times[1]
+
+
 def batch_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
-              chunk: int, medium: str) -> tuple[float, float]:
-    """(seconds for the puts one call at a time, seconds for one put_many), fresh stores."""
+              chunk: int, medium: str) -> tuple[float, float, float, float]:
+    """(seconds for the puts one call at a time, for one put_many, then raw LMDB's
+    :func:`raw_batch` of the same blocks), fresh stores."""
     times = []
     for batched in (False, True):
         cfg = EngineConfig(chunk_tokens=chunk, tiers=(
@@ -181,7 +220,7 @@ def batch_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarr
                 res = [e.put(t, kv, model=spec) for t, kv in data]
             times.append(time.perf_counter() - t0)
             assert all(r.chunks_written == r.chunks for r in res)
-    return times[0], times[1]
+    return (times[0], times[1], *raw_batch(base, spec, data, chunk))
 
 
 def stream_run(base: Path, spec: ModelSpec, tokens: int, chunk: int, medium: str,
@@ -274,8 +313,9 @@ def main() -> None:
     bspec, sspec = MODELS[args.batch_model], MODELS[args.stream_model]
     sizes = [int(x) for x in str(args.batch_tokens).split(",")]
     smalls = {n: workload(bspec, args.batch_seqs, n, seed=1) for n in sizes}
-    bt: dict[int, dict[str, list[float]]] = {n: {"one_at_a_time": [], "put_many": []}
-                                             for n in sizes}
+    bt: dict[int, dict[str, list[float]]] = {
+        n: {"one_at_a_time": [], "put_many": [], "raw_per_seq": [], "raw_batched": []}
+        for n in sizes}
     st: dict[str, list[float]] = {"first_layer": [], "stream": [], "get": []}
     for _ in range(args.repeat):
         base = Path(tempfile.mkdtemp(prefix="rkv-bench-", dir=where))
@@ -295,7 +335,9 @@ def main() -> None:
         bmed = {k: statistics.median(v) for k, v in bt[n].items()}
         batches.append({"model": args.batch_model, "seqs": args.batch_seqs, "tokens": n,
                         **{f"{k}_seqs_per_s": args.batch_seqs / v for k, v in bmed.items()},
-                        "ratio": bmed["one_at_a_time"] / bmed["put_many"]})
+                        "ratio": bmed["one_at_a_time"] / bmed["put_many"],
+                        "raw_ratio": bmed["raw_per_seq"] / bmed["raw_batched"],
+                        "raw_share_of_put_many": bmed["raw_batched"] / bmed["put_many"]})
     smed = {k: statistics.median(v) for k, v in st.items()}
     stream = {"model": args.stream_model, "layers": sspec.n_layers,
               "tokens": args.stream_tokens, **{f"{k}_ms": v * 1e3 for k, v in smed.items()},
@@ -306,7 +348,9 @@ def main() -> None:
         print(f"put_many of {args.batch_seqs} sequences x {b['tokens']} tokens "
               f"({args.batch_model}): {b['one_at_a_time_seqs_per_s']:.0f} sequences/s one "
               f"put at a time, {b['put_many_seqs_per_s']:.0f} with put_many: "
-              f"**{b['ratio']:.2f}x**")
+              f"**{b['ratio']:.2f}x**; raw LMDB writes of the same blocks "
+              f"{b['raw_ratio']:.2f}x batched against a transaction per sequence, "
+              f"{100 * b['raw_share_of_put_many']:.0f} % of put_many's time")
     print(f"get_layers of {args.stream_tokens} tokens x {sspec.n_layers} layers "
           f"({args.stream_model}, out=): first layer {stream['first_layer_ms']:.2f} ms, "
           f"whole stream {stream['stream_ms']:.2f} ms, full get {stream['get_ms']:.2f} ms: "
