@@ -167,6 +167,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     stats: Counter[str] = Counter()
     per_tier: Counter[str] = Counter()
     written = deduped = blocks = nbytes = refused = 0
+    mine_last = False
     scratch = Scratch()
     batch = EncodeBatch(engine, pending)
     planned = Planned(engine, plan)
@@ -221,11 +222,12 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                          written=(stamp,) * spec.n_layers)
         ix.put_chunk(txn, key, meta, None)
         decide.inserted(key, meta, tier, now)
+        mine_last = meta.end
         written += 1
         blocks += spec.n_layers
         nbytes += sum(layer_sizes)
         per_tier[tier] += 1
-    last = ix.read_chunk(txn, keys[-1])
+    last = None if mine_last else ix.read_chunk(txn, keys[-1])   # (written above: end)
     if last is not None and not last.end:
         ix.put_chunk(txn, keys[-1], last.with_(end=True), last)
     return PutResult(plan.n_tokens, len(keys), written, deduped, blocks, nbytes,
