@@ -56,7 +56,7 @@ from rkv.store import (
     resolve_tier_path,
     store_id_at,
 )
-from rkv.streaming import LayerStream
+from rkv.streaming import LayerStream, Workers
 from rkv.tiers import LmdbTier, Tier, TierSpec, open_tier
 from rkv.txn import Hooks, Mutator, Pending
 from rkv.writepath import clear_chunks, delete_chunks
@@ -107,6 +107,8 @@ class Engine:
         #: Record arenas of the puts' encode batches (rkv.writepath.EncodeBatch).
         self._arenas: dict[str, Any] = {}
         self._promotions = Promotions(self)
+        #: Threads kept for layer streams' background reads (rkv.streaming).
+        self._streams = Workers()
         #: Probes shared remote tiers on local index misses (rkv.remote_share).
         self._share = RemoteShare(self)
 
@@ -193,6 +195,7 @@ class Engine:
             if self._scrubber is not None:
                 self._scrubber.close()
             self._promotions.shutdown()
+            self._streams.close()
             try:
                 if self._decide.touched and not self.readonly:
                     self._mutate(lambda txn, pending: None)

@@ -17,10 +17,11 @@ layer and every earlier one (non-increasing along the stream; the stream's final
 positions), and the caller recomputes from token ``n_tokens`` on, in every layer.
 
 Layer 0 is read in the caller's thread while the stream is created (a thread start and a GIL
-hand-off on the way to the first layer cost about as much as reading it), the rest by the
-background thread in its own snapshot of each tier, opened as it starts: a chunk evicted or
+hand-off on the way to the first layer cost about as much as reading it), the rest by a
+background thread (one the engine keeps from an earlier stream when it has one idle:
+:class:`Workers`) in its own snapshot of each tier, opened as it starts: a chunk evicted or
 deleted while the stream runs is still read whole from that snapshot. Closing the
-stream early (``close()``, leaving a ``with`` block, or dropping it) stops the thread before
+stream early (``close()``, leaving a ``with`` block, or dropping it) stops the read before
 its next layer; repairs, access times and promotions are applied only by a stream read to its
 end.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -57,6 +59,62 @@ class LayerKV(NamedTuple):
     n_tokens: int                 # verified prefix over this and every earlier layer
 
 
+class Workers:
+    """Threads for the streams' background reads, kept after a stream for the next one:
+    starting a thread costs about a third of reading a first layer (0.17 ms here), on the
+    way to it. A thread idle for ``idle_s`` seconds ends; :meth:`close` ends the idle ones."""
+
+    def __init__(self, idle_s: float = 30.0) -> None:
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Any]] = []
+        self._closed = False
+
+    def run(self, fn: Callable[[], None]) -> threading.Event:
+        """Run ``fn`` on an idle thread, or a new one; the event is set once it returned
+        (and the thread is idle again)."""
+        done = threading.Event()
+        with self._lock:
+            q = self._idle.pop() if self._idle else None
+        if q is None:
+            q = queue.SimpleQueue()
+            threading.Thread(target=self._loop, args=(q,), name="rkv-layers",
+                             daemon=True).start()
+        q.put((fn, done))
+        return done
+
+    def _loop(self, q: queue.SimpleQueue[Any]) -> None:
+        while True:
+            try:
+                item = q.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if q in self._idle:      # nobody handed it work meanwhile: end
+                        self._idle.remove(q)
+                        return
+                continue
+            if item is None:
+                return
+            fn, done = item
+            try:
+                fn()
+            finally:
+                with self._lock:
+                    closed = self._closed
+                    if not closed:
+                        self._idle.append(q)
+                done.set()
+            if closed:
+                return
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for q in idle:
+            q.put(None)
+
+
 class _Producer:
     """The layer reader (no reference to the stream, so a dropped stream is closed): layer 0
     by :meth:`first` in the caller's thread, the others by the background thread."""
@@ -66,7 +124,7 @@ class _Producer:
         self.engine, self.spec, self.keys, self.metas, self.out = engine, spec, keys, metas, out
         self.q: queue.Queue[Any] = queue.Queue(maxsize=max(1, ahead))
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="rkv-layers", daemon=True)
+        self.done: threading.Event | None = None     # set when the background read ended
         self.fp = spec.fingerprint()
         self.starts = np.cumsum([0] + [m.n_tokens for m in metas]).tolist()
         self.checks = [FastCheck(k, self.fp, spec, m.n_tokens)
@@ -149,7 +207,7 @@ class LayerStream:
             engine._decide.reading(self._reading, -1)
             raise
         if spec.n_layers > 1:
-            self._p.thread.start()
+            self._p.done = engine._streams.run(self._p.run)
         else:
             self._p.q.put(_END)
 
@@ -191,8 +249,8 @@ class LayerStream:
     def _release(self) -> None:
         if not self._done:
             self._done = True
-            if self._p.thread.ident is not None:
-                self._p.thread.join()
+            if self._p.done is not None:
+                self._p.done.wait()
             self._engine._decide.reading(self._reading, -1)
 
     def close(self) -> None:
@@ -202,8 +260,8 @@ class LayerStream:
             return
         p = self._p
         p.stop.set()
-        while p.thread.is_alive():     # unblock a producer waiting for room in the queue
-            with suppress(queue.Empty):
+        while p.done is not None and not p.done.is_set():   # unblock a producer waiting
+            with suppress(queue.Empty):                     # for room in the queue
                 p.q.get(timeout=0.05)
         self._release()
 

@@ -18,6 +18,7 @@ from rkv.errors import ShapeError
 from rkv.faults.injection import FaultyTier
 from rkv.keys import as_token_array, block_key, chunk_keys
 from rkv.results import MISSING, OK, UNCORRECTABLE
+from rkv.streaming import Workers
 
 CLOCK = 1_700_000_000_000_000_000
 
@@ -229,7 +230,8 @@ def test_closing_a_stream_early_stops_its_thread(tmp_path: Path) -> None:
         stream = e.get_layers(t, model=SMALL, ahead=1)
         next(stream)
         stream.close()
-        assert not stream._p.thread.is_alive() and threading.active_count() == before
+        assert stream._p.done is not None and stream._p.done.is_set()
+        assert threading.active_count() <= before + 1      # the engine keeps one thread
         assert not e._decide.inflight
         with pytest.raises(StopIteration):
             next(stream)
@@ -237,7 +239,8 @@ def test_closing_a_stream_early_stops_its_thread(tmp_path: Path) -> None:
             for x in s2:
                 assert x.layer == 0
                 break
-        assert not s2._p.thread.is_alive() and not e._decide.inflight
+        assert s2._p.done is not None and s2._p.done.is_set() and not e._decide.inflight
+        assert threading.active_count() <= before + 1
 
 
 def test_layer_zero_is_read_by_the_caller_and_the_rest_in_the_background(
@@ -275,3 +278,38 @@ def test_a_failure_reading_layer_zero_releases_the_chunks(tmp_path: Path) -> Non
         del e.hooks["stream_layer"]
         assert not e._decide.inflight and threading.active_count() == before
         assert e.get(t, model=SMALL).n_tokens == 40
+
+
+def test_stream_threads_are_reused_and_end_when_idle_or_closed() -> None:
+    ran: list[threading.Thread] = []
+
+    def job() -> None:
+        ran.append(threading.current_thread())
+
+    workers = Workers(idle_s=0.05)
+    workers.run(job).wait(10)
+    workers.run(job).wait(10)          # the first thread was idle again when its job ended
+    assert len(ran) == 2 and ran[0] is ran[1] and ran[0].name == "rkv-layers"
+    ran[0].join(10)                    # idle past idle_s: it ends
+    assert not ran[0].is_alive()
+    workers.run(job).wait(10)          # a new thread after that
+    assert ran[2] is not ran[0]
+    kept = Workers(idle_s=60)
+    kept.run(job).wait(10)
+    kept.close()                       # ends the idle ones
+    ran[3].join(10)
+    assert not ran[3].is_alive()
+
+
+def test_engine_close_ends_its_stream_threads(tmp_path: Path) -> None:
+    t = list(range(40))
+    with _open(tmp_path / "s") as e:
+        e.put(t, random_kv(SMALL, 40), model=SMALL)
+        readers: list[threading.Thread] = []
+        e.hooks["stream_layer"] = lambda: readers.append(threading.current_thread())
+        assert len(list(e.get_layers(t, model=SMALL))) == SMALL.n_layers
+        assert len(list(e.get_layers(t, model=SMALL))) == SMALL.n_layers
+        worker = readers[1]
+        assert worker.name == "rkv-layers" and readers[1 + SMALL.n_layers] is worker
+    worker.join(10)
+    assert not worker.is_alive()
