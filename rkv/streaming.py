@@ -96,15 +96,17 @@ class Workers:
             if item is None:
                 return
             fn, done = item
+            returned = False
             try:
                 fn()
-            finally:
+                returned = True
+            finally:     # a thread whose job raised ends (never handed work it won't run)
                 with self._lock:
-                    closed = self._closed
-                    if not closed:
+                    keep = returned and not self._closed
+                    if keep:
                         self._idle.append(q)
                 done.set()
-            if closed:
+            if not keep:
                 return
 
     def close(self) -> None:
@@ -137,7 +139,7 @@ class _Producer:
             return self._layer(Readers(self.engine._tiers, stack), 0)
 
     def run(self) -> None:
-        time.sleep(0)     # let the caller (waiting in Thread.start for the GIL) go on
+        time.sleep(0)     # let the caller go on (to hand out layer 0)
         try:
             self._read()
             self.q.put(_END)

@@ -287,18 +287,32 @@ def test_stream_threads_are_reused_and_end_when_idle_or_closed() -> None:
         ran.append(threading.current_thread())
 
     workers = Workers(idle_s=0.05)
-    workers.run(job).wait(10)
-    workers.run(job).wait(10)          # the first thread was idle again when its job ended
+    assert workers.run(job).wait(10)
+    assert workers.run(job).wait(10)          # the first thread was idle again when its job ended
     assert len(ran) == 2 and ran[0] is ran[1] and ran[0].name == "rkv-layers"
     ran[0].join(10)                    # idle past idle_s: it ends
     assert not ran[0].is_alive()
-    workers.run(job).wait(10)          # a new thread after that
+    assert workers.run(job).wait(10)          # a new thread after that
     assert ran[2] is not ran[0]
     kept = Workers(idle_s=60)
-    kept.run(job).wait(10)
+    assert kept.run(job).wait(10)
     kept.close()                       # ends the idle ones
     ran[3].join(10)
     assert not ran[3].is_alive()
+
+    def boom() -> None:
+        ran.append(threading.current_thread())
+        raise RuntimeError("a job that raises")
+
+    hooks, threading.excepthook = threading.excepthook, lambda args: None
+    try:
+        assert workers.run(boom).wait(10)     # its thread ends instead of idling on
+        ran[4].join(10)
+        assert not ran[4].is_alive()
+        assert workers.run(job).wait(10)      # and the next job gets a live thread
+        assert ran[5] is not ran[4]
+    finally:
+        threading.excepthook = hooks
 
 
 def test_engine_close_ends_its_stream_threads(tmp_path: Path) -> None:
