@@ -65,39 +65,60 @@ def workload(spec: ModelSpec, seqs: int, tokens: int, seed: int = 0
     return out
 
 
+Items = list[tuple[bytes, np.ndarray]]
+
+
+def blocks_of(spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]], chunk: int
+              ) -> list[Items]:
+    """Per sequence, its blocks as raw LMDB stores them: (block key, contiguous bytes)."""
+    fp = spec.fingerprint()
+    out = []
+    for t, kv in data:
+        keys = chunk_keys(as_token_array(t), fp, chunk)
+        out.append([(block_key(key, layer), np.ascontiguousarray(kv[layer, :, s:e]))
+                    for key, (s, e) in zip(keys, chunk_bounds(len(t), chunk), strict=True)
+                    for layer in range(spec.n_layers)])
+    return out
+
+
+def sliced(items: Items) -> list[Items]:
+    """``items`` in groups of about WRITE_SLICE bytes, as the engine commits tier writes."""
+    groups: list[Items] = [[]]
+    size = 0
+    for k, arr in items:
+        if size >= WRITE_SLICE:
+            groups, size = [*groups, []], 0
+        groups[-1].append((k, arr))
+        size += arr.nbytes
+    return groups
+
+
+def timed_writes(path: Path, groups: list[Items]) -> float:
+    """Seconds to write ``groups`` into a fresh LMDB environment, one transaction each."""
+    env = lmdb.open(str(path), map_size=1 << 36, sync=False, metasync=False,
+                    readahead=False, max_dbs=2)
+    db = env.open_db(b"blocks")
+    t0 = time.perf_counter()
+    for group in groups:
+        with env.begin(write=True, db=db) as txn:
+            for k, arr in group:
+                txn.put(k, arr)
+    t = time.perf_counter() - t0
+    env.close()
+    return t
+
+
 def raw_lmdb(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
              chunk: int, reads: int) -> tuple[float, float, float, float]:
     env = lmdb.open(str(base / "raw"), map_size=1 << 36, sync=False, metasync=False,
                     readahead=False, max_dbs=2)
     db = env.open_db(b"blocks")
-    fp = spec.fingerprint()
     # Blocks are prepared (contiguous, keyed) outside the timed region: raw LMDB gets its
     # best case.
-    prepared = []
-    for t, kv in data:
-        keys = chunk_keys(as_token_array(t), fp, chunk)
-        items = []
-        for key, (s, e) in zip(keys, chunk_bounds(len(t), chunk), strict=True):
-            for layer in range(spec.n_layers):
-                items.append((block_key(key, layer), np.ascontiguousarray(kv[layer, :, s:e])))
-        prepared.append(items)
+    prepared = blocks_of(spec, data, chunk)
     # The same records, committed in transactions of about WRITE_SLICE bytes like the
     # engine's tier writes (a second environment: the figure the engine's put matches).
-    env2 = lmdb.open(str(base / "raw2"), map_size=1 << 36, sync=False, metasync=False,
-                     readahead=False, max_dbs=2)
-    db2 = env2.open_db(b"blocks")
-    t0 = time.perf_counter()
-    for items in prepared:
-        i = 0
-        while i < len(items):
-            with env2.begin(write=True, db=db2) as txn:
-                size = 0
-                while i < len(items) and size < WRITE_SLICE:
-                    txn.put(items[i][0], items[i][1])
-                    size += items[i][1].nbytes
-                    i += 1
-    t_put_sliced = time.perf_counter() - t0
-    env2.close()
+    t_put_sliced = timed_writes(base / "raw2", [g for items in prepared for g in sliced(items)])
     t0 = time.perf_counter()
     for items in prepared:
         with env.begin(write=True, db=db) as txn:
@@ -172,34 +193,9 @@ def raw_batch(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarr
     a put commits its tier writes), then all of them in transactions of about WRITE_SLICE
     bytes (as put_many does), each into a fresh environment: what batching gains where the
     bytes are stored."""
-    fp = spec.fingerprint()
-    items = []
-    for t, kv in data:
-        keys = chunk_keys(as_token_array(t), fp, chunk)
-        items.append([(block_key(key, layer), np.ascontiguousarray(kv[layer, :, s:e]))
-                      for key, (s, e) in zip(keys, chunk_bounds(len(t), chunk), strict=True)
-                      for layer in range(spec.n_layers)])
-    times = []
-    for batched in (False, True):
-        env = lmdb.open(str(base / f"raw{batched}"), map_size=1 << 34, sync=False,
-                        metasync=False, readahead=False, max_dbs=2)
-        db = env.open_db(b"blocks")
-        groups: list[list[tuple[bytes, np.ndarray]]] = items
-        if batched:
-            groups, size = [[]], 0
-            for k, arr in (x for seq in items for x in seq):
-                if size >= WRITE_SLICE:
-                    groups, size = [*groups, []], 0
-                groups[-1].append((k, arr))
-                size += arr.nbytes
-        t0 = time.perf_counter()
-        for group in groups:
-            with env.begin(write=True, db=db) as txn:
-                for k, arr in group:
-                    txn.put(k, arr)
-        times.append(time.perf_counter() - t0)
-        env.close()
-    return times[0], times[1]
+    items = blocks_of(spec, data, chunk)
+    return (timed_writes(base / "raw-per-seq", items),
+            timed_writes(base / "raw-batched", sliced([x for seq in items for x in seq])))
 
 
 def batch_run(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],

@@ -59,7 +59,7 @@ from rkv.store import (
 from rkv.streaming import LayerStream, Workers
 from rkv.tiers import LmdbTier, Tier, TierSpec, open_tier
 from rkv.txn import Hooks, Mutator, Pending
-from rkv.writepath import clear_chunks, delete_chunks
+from rkv.writepath import Arenas, clear_chunks, delete_chunks
 
 log = logging.getLogger("rkv")
 
@@ -105,7 +105,7 @@ class Engine:
 
         parallel.configure(config.codec_threads)   # the codec pool (process-wide)
         #: Record arenas of the puts' encode batches (rkv.writepath.EncodeBatch).
-        self._arenas: dict[str, Any] = {}
+        self._arenas = Arenas()
         self._promotions = Promotions(self)
         #: Threads kept for layer streams' background reads (rkv.streaming).
         self._streams = Workers()

@@ -63,15 +63,13 @@ _xxh128 = xxhash.xxh3_128_digest
 class FastCheck:
     """What every record of one chunk (any layer) must look like, precomputed once."""
 
-    __slots__ = ("count", "dtype", "expect", "fixed", "nbytes", "shape", "tail", "total")
+    __slots__ = ("count", "dtype", "fixed", "nbytes", "shape", "tail", "total")
 
     def __init__(self, key: bytes, fp: bytes, spec: ModelSpec, n_tokens: int) -> None:
         shape = spec.block_shape(n_tokens)
         self.shape, self.dtype, self.nbytes, self.count, self.tail, self.total = _layout(
             shape, spec.dtype)
         self.fixed = _PRE * 2 + key + fp                    # preludes, key, fingerprint
-        #: per layer: every byte a clean record has before its checksum
-        self.expect: dict[int, bytes] = {}
 
     def copy(self, rec: Any, layer: int, size: int, dest: np.ndarray) -> bool:
         """Verify ``rec`` as block ``layer`` (``size``: its length in the index) and copy its
@@ -79,14 +77,11 @@ class FastCheck:
         mv = rec if type(rec) is memoryview else memoryview(rec)
         if mv.nbytes != self.total or size != self.total:
             return False
-        want = self.expect.get(layer)
-        if want is None:
-            want = self.expect[layer] = self.fixed + layer.to_bytes(2, "little") + self.tail
         head = bytes(mv[:_LEAD])
         # Both leading preludes, the first header copy up to its checksum, its codec-list
         # length, the last prelude, then the copy's seal: xxh3-64 of a prelude and the body,
         # which the record holds contiguously from its second prelude on.
-        if (head[:_P2 + _CK] != want
+        if (head[:_P2 + _CK] != self.fixed + layer.to_bytes(2, "little") + self.tail
                 or head[_P2 + _CLEN:_P2 + _CLEN + 2] != b"\0\0"
                 or bytes(mv[self.total - PRELUDE_BYTES:]) != _PRE
                 or _xxh64(mv[PRELUDE_BYTES:_LEAD - HEADER_CHECK_BYTES])

@@ -93,6 +93,15 @@ class ModelSpec:
         except TypeError as exc:
             raise ConfigError(f"bad model spec: {exc}") from exc
 
+    def stored_json(self) -> bytes:
+        """The JSON form the index keeps under :meth:`fingerprint` (computed once per spec
+        object: every put writes it)."""
+        raw: bytes | None = self.__dict__.get("_stored_json")
+        if raw is None:
+            raw = json.dumps(self.to_dict(), sort_keys=True).encode()
+            object.__setattr__(self, "_stored_json", raw)
+        return raw
+
     def fingerprint(self) -> bytes:
         """16-byte blake2b digest of the canonical JSON form of this spec (computed once per
         spec object: every put and get needs it, and the spec is frozen)."""

@@ -177,16 +177,12 @@ class RemoteShare:
 
     def _adopt(self, txn: Any, found: list[tuple[list[bytes], int, list[ChunkMeta]]],
                spec: ModelSpec) -> int:
-        from rkv.writepath import _spec_json
-
         engine = self.engine
         ix, decide = engine._index, engine._decide
         now = time.time()
         adopted = 0
+        ix.put_model(txn, spec.fingerprint(), spec.stored_json())
         for keys, start, metas in found:
-            if not metas:
-                continue
-            ix.put_model(txn, spec.fingerprint(), _spec_json(spec))
             for i, meta in enumerate(metas, start):
                 key = keys[i]
                 if ix.get_chunk(txn, key) is not None:
@@ -242,14 +238,13 @@ class RemoteShare:
         names = set(self.names)
         gone: list[bytes] = []
         for keys, metas, _, log in reads:
-            failed = [st.chunk for st in (*log.special.values(), *log.extra)
-                      if st.status in (MISSING, UNCORRECTABLE) and st.tier in names
+            shared = [st for st in (*log.special.values(), *log.extra) if st.tier in names]
+            failed = [st.chunk for st in shared if st.status in (MISSING, UNCORRECTABLE)
                       and not isinstance(st.error, TierUnavailableError)]
             if failed:     # that chunk, and those after it the read did not reach
                 gone += keys[min(failed):max(len(metas), min(failed) + 1)]
-            self.bad.update(keys[st.chunk] for st in (*log.special.values(), *log.extra)
-                            if st.status == UNCORRECTABLE and st.tier in names
-                            and st.chunk < len(keys))
+            self.bad.update(keys[st.chunk] for st in shared
+                            if st.status == UNCORRECTABLE and st.chunk < len(keys))
         if len(self.bad) > 65536:
             self.bad.clear()
         if not gone:

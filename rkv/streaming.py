@@ -219,8 +219,8 @@ class LayerStream:
     def __next__(self) -> LayerKV:
         if self._done:
             raise StopIteration
-        item, self._first = (self._first, None) if self._first is not None else (
-            self._p.q.get(), None)
+        item = self._first if self._first is not None else self._p.q.get()
+        self._first = None
         if isinstance(item, LayerKV):
             self.n_tokens = item.n_tokens
             self.blocks += item.blocks

@@ -9,12 +9,11 @@ records encoded with that tier's quantizer and ECC.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -109,9 +108,27 @@ class PutPlan:
     placement: PlacementConfig | None = None    # the put's own targets
 
 
-@lru_cache(maxsize=64)
-def _spec_json(spec: ModelSpec) -> bytes:
-    return json.dumps(ModelSpec.to_dict(spec), sort_keys=True).encode()
+class Arenas:
+    """An engine's record arenas: those handed out in the current mutation and the free
+    ones. All come back when the next mutation starts (mutations run one at a time, under
+    the writer lock, and each flushes its records before it ends)."""
+
+    def __init__(self) -> None:
+        self._mutation: Pending | None = None
+        self._free: list[RecordArena] = []
+        self._used: list[RecordArena] = []
+
+    def begin(self, pending: Pending) -> None:
+        """Called for each put of mutation ``pending``: a new mutation frees them all."""
+        if self._mutation is not pending:
+            self._mutation = pending
+            self._free += self._used
+            self._used = []
+
+    def take(self) -> RecordArena:
+        arena = self._free.pop() if self._free else RecordArena()
+        self._used.append(arena)
+        return arena
 
 
 class EncodeBatch:
@@ -132,11 +149,7 @@ class EncodeBatch:
         self.engine = engine
         self.jobs: list[BlockToEncode] = []
         self.records: list[Any] = []
-        arenas = engine._arenas
-        if arenas.get("mutation") is not pending:     # a new mutation: reuse them all
-            arenas["mutation"] = pending
-            arenas["free"] = arenas.get("free", []) + arenas.get("used", [])
-            arenas["used"] = []
+        engine._arenas.begin(pending)
 
     def add(self, job: BlockToEncode) -> Callable[[], Any]:
         self.jobs.append(job)
@@ -144,10 +157,8 @@ class EncodeBatch:
 
     def _record(self, i: int) -> Any:
         if i >= len(self.records):
-            arenas = self.engine._arenas
-            arena = arenas["free"].pop() if arenas["free"] else RecordArena()
-            arenas["used"].append(arena)
-            self.records += encode_blocks(self.jobs[len(self.records):], arena)
+            self.records += encode_blocks(self.jobs[len(self.records):],
+                                          self.engine._arenas.take())
         return self.records[i]
 
 
@@ -155,7 +166,7 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     """Plan the records of ``plan``'s new chunks and their index entries (one mutation)."""
     ix, decide = engine._index, engine._decide
     spec, fp, keys = plan.spec, plan.fp, plan.keys
-    ix.put_model(txn, fp, _spec_json(spec))
+    ix.put_model(txn, fp, spec.stored_json())
     now_ns = time.time_ns()
     now = now_ns / 1e9
     # Access times, strictly increasing in key order (what a touch after the put would give):
@@ -167,17 +178,19 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
     stats: Counter[str] = Counter()
     per_tier: Counter[str] = Counter()
     written = deduped = blocks = nbytes = refused = 0
-    mine_last = False
     scratch = Scratch()
     batch = EncodeBatch(engine, pending)
     planned = Planned(engine, plan)
     for i, key in enumerate(keys):
         mine.add(key)
         try:
-            if ix.get_chunk(txn, key) is not None:
+            stored = ix.get_chunk(txn, key)
+            if stored is not None:
                 deduped += 1
                 if decide.seen_stored(key, now):
                     decide.touch_at(key, at + i)
+                if i == len(keys) - 1 and not stored.end:    # a sequence ends here now
+                    ix.put_chunk(txn, key, stored.with_(end=True), stored)
                 continue
         except CorruptStoreError:
             free_chunk(ix, txn, key, None, pending)  # heal a damaged entry
@@ -218,18 +231,14 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                          fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,
                                                           layer_sizes, strict=True)),
                          at=at + i, pipes=tuple(pipeline_label(p) for p in pipes),
-                         end=i == len(keys) - 1,     # (the sequence ends here: see below)
+                         end=i == len(keys) - 1,
                          written=(stamp,) * spec.n_layers)
         ix.put_chunk(txn, key, meta, None)
         decide.inserted(key, meta, tier, now)
-        mine_last = meta.end
         written += 1
         blocks += spec.n_layers
         nbytes += sum(layer_sizes)
         per_tier[tier] += 1
-    last = None if mine_last else ix.read_chunk(txn, keys[-1])   # (written above: end)
-    if last is not None and not last.end:
-        ix.put_chunk(txn, keys[-1], last.with_(end=True), last)
     return PutResult(plan.n_tokens, len(keys), written, deduped, blocks, nbytes,
                      stats["evicted"], stats["demoted"], dict(per_tier), refused)
 
