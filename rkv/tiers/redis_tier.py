@@ -228,9 +228,7 @@ class RedisTier(Tier):
         except redis.exceptions.OutOfMemoryError:
             raise TierFullError(f"{self.where}: the server is out of memory "
                                 "(maxmemory)") from None
-        except redis.ResponseError as exc:
-            raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}") from None
-        except redis.RedisError as exc:
+        except redis.RedisError as exc:     # a ResponseError included
             raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}") from None
         self.damage = None
         return out
