@@ -93,38 +93,41 @@ def sliced(items: Items) -> list[Items]:
     return groups
 
 
-def timed_writes(path: Path, groups: list[Items]) -> float:
-    """Seconds to write ``groups`` into a fresh LMDB environment, one transaction each."""
+def open_raw(path: Path) -> tuple[Any, Any]:
+    """A raw LMDB environment with the engine's flags, and its block database."""
     env = lmdb.open(str(path), map_size=1 << 36, sync=False, metasync=False,
                     readahead=False, max_dbs=2)
-    db = env.open_db(b"blocks")
+    return env, env.open_db(b"blocks")
+
+
+def write_groups(env: Any, db: Any, groups: list[Items]) -> float:
+    """Seconds to write ``groups``, one write transaction each."""
     t0 = time.perf_counter()
     for group in groups:
         with env.begin(write=True, db=db) as txn:
             for k, arr in group:
                 txn.put(k, arr)
-    t = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def timed_writes(path: Path, groups: list[Items]) -> float:
+    """:func:`write_groups` into a fresh environment at ``path``, closed after."""
+    env, db = open_raw(path)
+    t = write_groups(env, db, groups)
     env.close()
     return t
 
 
 def raw_lmdb(base: Path, spec: ModelSpec, data: list[tuple[np.ndarray, np.ndarray]],
              chunk: int, reads: int) -> tuple[float, float, float, float]:
-    env = lmdb.open(str(base / "raw"), map_size=1 << 36, sync=False, metasync=False,
-                    readahead=False, max_dbs=2)
-    db = env.open_db(b"blocks")
     # Blocks are prepared (contiguous, keyed) outside the timed region: raw LMDB gets its
     # best case.
     prepared = blocks_of(spec, data, chunk)
     # The same records, committed in transactions of about WRITE_SLICE bytes like the
     # engine's tier writes (a second environment: the figure the engine's put matches).
     t_put_sliced = timed_writes(base / "raw2", [g for items in prepared for g in sliced(items)])
-    t0 = time.perf_counter()
-    for items in prepared:
-        with env.begin(write=True, db=db) as txn:
-            for k, arr in items:
-                txn.put(k, arr)
-    t_put = time.perf_counter() - t0
+    env, db = open_raw(base / "raw")
+    t_put = write_groups(env, db, prepared)       # one transaction per sequence
 
     bufs = [np.empty_like(kv) for _, kv in data]
 
