@@ -133,17 +133,20 @@ def plan_gets(engine: Engine, requests: Sequence[Any], spec: ModelSpec,
             engine._log.record("get", fp, keys, len(toks))
         engine._decide.release(keys)      # the request ran: its prefetch hold is over
     engine._share.probe([(keys, len(toks)) for _, _, toks, keys in prepared], spec)
-    gets = []
-    with engine._index.env.read() as txn:
-        for i, (_, _, toks, keys) in enumerate(prepared):
-            metas, damaged = engine._reads.stored(txn, keys)
-            stored = sum(m.n_tokens for m in metas)
-            out = None if outs is None else outs[i]
-            if out is None:
-                out = np.empty((spec.n_layers, 2, stored, spec.n_kv_heads, spec.head_dim),
-                               numpy_dtype(spec.dtype))
-            gets.append(_Get(keys, len(toks), metas, damaged, stored,
-                             check_out(out, spec, len(toks), stored)))
+    gets: list[_Get] = []
+    while len(gets) < len(prepared):
+        with engine._index.env.read() as txn:
+            for i, (_, _, toks, keys) in enumerate(prepared[len(gets):], len(gets)):
+                metas, damaged = engine._reads.stored(txn, keys)
+                stored = sum(m.n_tokens for m in metas)
+                out = None if outs is None else outs[i]
+                if out is None:
+                    out = np.empty((spec.n_layers, 2, stored, spec.n_kv_heads,
+                                    spec.head_dim), numpy_dtype(spec.dtype))
+                gets.append(_Get(keys, len(toks), metas, damaged, stored,
+                                 check_out(out, spec, len(toks), stored)))
+                if damaged is not None:
+                    break    # a lookup that failed in LMDB leaves the snapshot unusable
     return gets
 
 

@@ -242,8 +242,9 @@ class Engine:
         return wrapped
 
     # -- the write path -----------------------------------------------------------------------
-    def _mutate(self, fn: Callable[[Any, Pending], Any]) -> Any:
-        """Run ``fn`` under the store's writer lock (see :mod:`rkv.txn`)."""
+    def _mutate(self, fn: Callable[[Any, Pending], Any], freeing: bool = False) -> Any:
+        """Run ``fn`` under the store's writer lock (see :mod:`rkv.txn`); ``freeing``: it
+        deletes, and may use the space reserve on a full disk."""
         self._check()
         if self.readonly:
             raise ReadOnlyStoreError(f"{self.root} is open read-only")
@@ -259,7 +260,7 @@ class Engine:
 
         try:
             result = self._mutator.run(
-                body, before=lambda txn: decide.write_touches(txn, touched))
+                body, before=lambda txn: decide.write_touches(txn, touched), freeing=freeing)
         except BaseException:
             decide.invalidate()
             raise
@@ -436,14 +437,14 @@ class Engine:
         _, _, _, keys = self._prepare(tokens, model)
         if not keys:
             return 0
-        return int(self._mutate(partial(delete_chunks, self, keys, force)))
+        return int(self._mutate(partial(delete_chunks, self, keys, force), freeing=True))
 
     def clear(self, *, model: ModelSpec | dict[str, Any] | None = None) -> int:
         """Remove everything (or every chunk of one model), records included, under the
         writer lock. Returns chunks removed."""
         self._check()
         fp = None if model is None else as_model_spec(model).fingerprint()
-        return int(self._mutate(partial(clear_chunks, self, fp)))
+        return int(self._mutate(partial(clear_chunks, self, fp), freeing=True))
 
     # -- inspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -70,6 +70,12 @@ class RecordMismatchError(IntegrityError):
     """A record was written under another key, layer or model fingerprint than requested."""
 
 
+class StaleRecordError(RecordMismatchError):
+    """A record of the right block but an older write: its header's write time is before the
+    one the index recorded for the block (an older record handed back by the medium, a
+    replayed value on a shared tier, a record left from before a delete and re-put)."""
+
+
 class MissingRecordError(IntegrityError):
     """The index refers to a record that its tier does not hold."""
 
@@ -123,6 +129,7 @@ __all__ = [
     "RecordMismatchError",
     "RkvError",
     "ShapeError",
+    "StaleRecordError",
     "StoreClosedError",
     "StoreError",
     "TierFullError",

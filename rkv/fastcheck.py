@@ -71,13 +71,17 @@ class FastCheck:
             shape, spec.dtype)
         self.fixed = _PRE * 2 + key + fp                    # preludes, key, fingerprint
 
-    def copy(self, rec: Any, layer: int, size: int, dest: np.ndarray) -> bool:
-        """Verify ``rec`` as block ``layer`` (``size``: its length in the index) and copy its
-        data into ``dest``; False (``dest`` untouched) when the full decode must judge it."""
+    def copy(self, rec: Any, layer: int, size: int, dest: np.ndarray, written: int = 0
+             ) -> bool:
+        """Verify ``rec`` as block ``layer`` (``size``: its length in the index, ``written``
+        its write time there, 0 unknown) and copy its data into ``dest``; False (``dest``
+        untouched) when the full decode must judge it."""
         mv = rec if type(rec) is memoryview else memoryview(rec)
         if mv.nbytes != self.total or size != self.total:
             return False
         head = bytes(mv[:_LEAD])
+        if written and head[_P2 + _WRITTEN:_P2 + _CLEN] != written.to_bytes(8, "little"):
+            return False
         # Both leading preludes, the first header copy up to its checksum, its codec-list
         # length, the last prelude, then the copy's seal: xxh3-64 of a prelude and the body,
         # which the record holds contiguously from its second prelude on.

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import xxhash
 
 from rkv.errors import CorruptStoreError, UnknownFormatError
@@ -163,6 +164,16 @@ class ChunkMeta:
         return replace(self, **changes)
 
 
+def _lookup(txn: Any, db: Any, key: bytes, what: str) -> Any:
+    """``txn.get``, a failure of LMDB (a damaged page; the snapshot is unusable after it) as
+    the entry's :class:`CorruptStoreError`."""
+    try:
+        return txn.get(key, db=db)
+    except lmdb.Error as exc:
+        raise CorruptStoreError(f"index {what}: the lookup failed on a damaged page "
+                                f"({exc})") from exc
+
+
 def seal(key: bytes, body: bytes) -> bytes:
     return body + xxhash.xxh3_64_digest(key + body)
 
@@ -219,7 +230,7 @@ class Index:
     def _get(self, txn: Any, db: Any, key: bytes, what: str) -> bytes | None:
         if db is None:
             return None
-        v = txn.get(key, db=db)
+        v = _lookup(txn, db, key, what)
         return None if v is None else self._open(key, v, what)
 
     def _open(self, key: bytes, raw: Any, what: str) -> bytes:
@@ -374,7 +385,10 @@ class Index:
             return None
 
     def has_chunk(self, txn: Any, key: bytes) -> bool:
-        return self._chunks is not None and txn.get(key, db=self._chunks) is not None
+        """Whether the chunk has an entry (not checked); raises CorruptStoreError when the
+        lookup fails on a damaged page."""
+        return (self._chunks is not None
+                and _lookup(txn, self._chunks, key, f"chunk {key.hex()[:16]}") is not None)
 
     def put_chunk(self, txn: Any, key: bytes, meta: ChunkMeta, old: ChunkMeta | None) -> None:
         """Write an entry (``old``: the entry it replaces, None for a new chunk); the

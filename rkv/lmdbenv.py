@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -37,8 +38,11 @@ from rkv.errors import (
     StoreError,
     TierFullError,
 )
+from rkv.lmdbfile import FileGuard, check_path
+from rkv.reserve import Reserve, is_full_error
 
 T = TypeVar("T")
+log = logging.getLogger("rkv")
 _lock = threading.Lock()
 _open: dict[str, tuple[SharedEnv, int]] = {}
 
@@ -101,7 +105,16 @@ class SharedEnv:
         with typed(f"opening {path}"):
             if not readonly:
                 path.mkdir(parents=True, exist_ok=True)
+            # Checked before the map exists: a file cut short would SIGBUS inside LMDB.
+            check_path(path / "data.mdb", str(path), writable=not readonly)
             self.env = self._open(map_size, len(dbs), sync)
+            try:
+                self.guard = FileGuard(path / "data.mdb", str(path),
+                                       int(self.env.stat()["psize"]), writable=not readonly)
+                self.guard.check()
+            except BaseException:
+                self.env.close()
+                raise
             self.dbs: dict[bytes, Any] = {}
             try:
                 for name in dbs:
@@ -110,6 +123,7 @@ class SharedEnv:
                     except lmdb.NotFoundError:
                         self.dbs[name] = None  # read-only, never written: reads find nothing
             except BaseException:
+                self.guard.close()
                 self.env.close()
                 raise
         self._cv = threading.Condition()
@@ -121,6 +135,10 @@ class SharedEnv:
         self._lockfd: int | None = None
         self._held = 0           # nesting depth of exclusive() in the thread holding _wlock
         self._pages_ok_at: int | None = None
+        #: Space kept back for deletes on a full disk (:mod:`rkv.reserve`).
+        self.reserve = Reserve(path)
+        if not readonly:
+            self.reserve.make()
         #: fsync every commit although the environment was opened without sync (an engine
         #: learns its store's ``index_sync`` only after opening the index)
         self.force_sync = False
@@ -182,14 +200,25 @@ class SharedEnv:
             try:
                 while self._active:
                     self._cv.wait()
+                self.check_file()    # never remap at the size a damaged meta page says
                 with typed(f"resizing {self.path}"):
                     self.env.set_mapsize(0)
             finally:
                 self._resizing = False
                 self._cv.notify_all()
 
+    def check_file(self) -> None:
+        """Raise :class:`CorruptStoreError` when the data file no longer holds every page
+        its committed meta names (cut short, damaged meta, deleted): see
+        :mod:`rkv.lmdbfile`. One ``fstat`` while the file is unchanged."""
+        try:
+            self.guard.check()
+        except OSError as exc:
+            raise translate(exc, f"checking {self.path}") from exc
+
     def _begin(self, *, write: bool) -> Any:
         """A new transaction, or None when another process grew the map (adopt it first)."""
+        self.check_file()
         try:
             return self.env.begin(write=write, buffers=not write)
         except lmdb.MapResizedError:
@@ -207,6 +236,11 @@ class SharedEnv:
                 if txn is not None:
                     try:
                         yield txn
+                    except lmdb.BadTxnError as exc:
+                        # Only an earlier failed lookup in this snapshot (a damaged page)
+                        # leaves a read transaction unusable.
+                        raise CorruptStoreError(f"reading {self.path}: a lookup failed on a "
+                                                f"damaged page ({exc})") from exc
                     except lmdb.Error as exc:
                         raise translate(exc, f"reading {self.path}") from exc
                     finally:
@@ -215,11 +249,33 @@ class SharedEnv:
             self._adopt_map_size()
         raise StoreError(f"{self.path}: the map keeps being resized by another process")
 
-    def write(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(txn)`` in a write transaction and commit; any failure aborts it."""
+    def write(self, fn: Callable[[Any], T], *, freeing: bool = False) -> T:
+        """Run ``fn(txn)`` in a write transaction and commit; any failure aborts it.
+
+        A data file written behind LMDB's back since the last check (:mod:`rkv.lmdbfile`)
+        has its structure verified first: LMDB writing into a damaged B-tree can lose
+        what it is given. A full disk is :class:`TierFullError`; a ``freeing`` write (it
+        deletes) that meets one gives up the environment's reserve (:mod:`rkv.reserve`) and
+        runs once more."""
         self.check()
         if self.readonly:
             raise ReadOnlyStoreError(f"{self.path} is open read-only")
+        self.check_file()
+        if self.guard.tampered:
+            self.check_pages()
+        try:
+            result = self._write(fn)
+        except TierFullError:
+            if not freeing or not self.reserve.release():
+                raise
+            log.warning("%s: the disk is full; its space reserve was released so that a "
+                        "delete can free space", self.path)
+            result = self._write(fn)
+        if not self.reserve.present():
+            self.reserve.make()     # (tries at most every RETRY_S, and only with room)
+        return result
+
+    def _write(self, fn: Callable[[Any], T]) -> T:
         for _ in range(4):
             with self._slot():
                 txn = self._begin(write=True)
@@ -231,11 +287,19 @@ class SharedEnv:
                         txn.commit()
                         if self.force_sync and not self._opened_sync:
                             self.env.sync(True)
+                        self.guard.committed()
                         if trusted:   # our own commit keeps a verified file verified
                             self._pages_ok_at = tid
                         return result
                     except (lmdb.Error, OSError) as exc:
                         txn.abort()
+                        # A failed commit may have written pages past the committed ones:
+                        # our own change, not tampering (which would re-verify the file).
+                        with suppress(OSError, CorruptStoreError):
+                            self.guard.committed()
+                        if is_full_error(exc, self.path):
+                            raise TierFullError(f"writing {self.path}: the disk is full "
+                                                f"({exc})") from exc
                         raise translate(exc, f"writing {self.path}") from exc
                     except BaseException:
                         txn.abort()
@@ -296,9 +360,10 @@ class SharedEnv:
         per committed transaction. The caller holds the store's writer lock, so no write is
         in flight and the file is at rest while it is read.
         """
+        self.check_file()
         with typed(f"checking {self.path}"):
             txnid = self.env.info()["last_txnid"]
-        if txnid == self._pages_ok_at:
+        if txnid == self._pages_ok_at and not self.guard.tampered:
             return
         try:
             problems = lmdb_verify.verify(str(self.path), subdir=True)  # type: ignore[no-untyped-call]
@@ -308,9 +373,11 @@ class SharedEnv:
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
             raise CorruptStoreError(f"{self.path}: damaged database: {problems[0]}{more}")
         self._pages_ok_at = txnid
+        self.guard.cleared()
 
     # -- figures --------------------------------------------------------------------------------
     def map_size(self) -> int:
+        self.check_file()      # env.info() reads the meta pages through the map
         with typed(f"inspecting {self.path}"):
             return int(self.env.info()["map_size"])
 
@@ -332,6 +399,7 @@ class SharedEnv:
         if self._lockfd is not None:
             os.close(self._lockfd)
             self._lockfd = None
+        self.guard.close()
         if self.pid == os.getpid():
             self.env.close()
 

@@ -15,8 +15,17 @@ from typing import Any
 
 import numpy as np
 
+from rkv.errors import CorruptStoreError
 from rkv.index import Index
 from rkv.keys import chunk_keys
+
+
+def _has(index: Index, txn: Any, key: bytes) -> bool:
+    """A readable entry for ``key``: a lookup that fails on a damaged page ends the prefix."""
+    try:
+        return index.has_chunk(txn, key)
+    except CorruptStoreError:
+        return False
 
 
 def stored_prefix(index: Index, txn: Any, toks: np.ndarray, fp: bytes, chunk_tokens: int,
@@ -28,7 +37,7 @@ def stored_prefix(index: Index, txn: Any, toks: np.ndarray, fp: bytes, chunk_tok
     keys = chunk_keys(toks[:n_full * c], fp, c)
     full = 0
     for key in keys:
-        if not index.has_chunk(txn, key):
+        if not _has(index, txn, key):
             break
         full += 1
     start = full * c
@@ -44,6 +53,6 @@ def stored_prefix(index: Index, txn: Any, toks: np.ndarray, fp: bytes, chunk_tok
     for n in lengths:
         # The chain key of the partial chunk [start, start + n): the prefix is hashed again
         # only for the few candidates a parent has.
-        if index.has_chunk(txn, chunk_keys(toks[:start + n], fp, c)[-1]):
+        if _has(index, txn, chunk_keys(toks[:start + n], fp, c)[-1]):
             return start + n
     return start

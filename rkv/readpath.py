@@ -21,6 +21,7 @@ from rkv.errors import (
     MediumError,
     MissingRecordError,
     RecordMismatchError,
+    StaleRecordError,
 )
 from rkv.fastcheck import FastCheck
 from rkv.index import ChunkMeta, Index
@@ -118,7 +119,8 @@ class ReadPath:
                     fetched = None if exc.data is None else (exc.data, exc.ranges)
                 except IntegrityError:
                     fetched = None      # read_block reads again and reports it
-                if got is not None and check.copy(got, layer, meta.blocks[layer][1], d):
+                if got is not None and check.copy(got, layer, meta.blocks[layer][1], d,
+                                                  meta.written_at(layer)):
                     continue
             if fetched is None or fetched[0] is None or tier not in self.tiers:
                 statuses.append(self.read_block(reader, key, ci, layer, meta, fp, spec, d,
@@ -128,7 +130,7 @@ class ReadPath:
             # pool (ECC corrections and dequantizing are compute-bound).
             try:
                 dec = self.decode(fetched[0], key, layer, fp, spec, meta.n_tokens,
-                                  meta.blocks[layer][1])
+                                  meta.blocks[layer][1], meta.written_at(layer))
             except MissingRecordError as exc:
                 statuses.append(BlockStatus(ci, layer, tier, MISSING, 0, exc))
             except IntegrityError as exc:
@@ -176,7 +178,7 @@ class ReadPath:
             if rec is not None:
                 repairs, corrected, degraded = self.verify_into(
                     rec, key, layer, fp, spec, meta.n_tokens, dest, meta.blocks[layer][1],
-                    erased)
+                    erased, meta.written_at(layer))
             else:
                 # A concurrent writer may have demoted the chunk: look again, once.
                 with self.index.env.read() as txn:
@@ -192,7 +194,7 @@ class ReadPath:
                                                  f"{tier}")
                     repairs, corrected, degraded = self.verify_into(
                         rec, key, layer, fp, spec, meta.n_tokens, dest,
-                        fresh.blocks[layer][1], erased)
+                        fresh.blocks[layer][1], erased, fresh.written_at(layer))
         except MissingRecordError as exc:
             return BlockStatus(ci, layer, tier, MISSING, 0, exc)
         except IntegrityError as exc:
@@ -201,17 +203,25 @@ class ReadPath:
 
     @staticmethod
     def decode(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec, n_tokens: int,
-               size: int = -1) -> DecodedRecord:
+               size: int = -1, written: int = 0) -> DecodedRecord:
         """A record's header voted and checked against what the read expects.
 
         ``size`` is the record's length as the index knows it: a longer zero-copy view comes
         from a damaged database page and is not touched at all (its bytes may lie past the end
-        of the file); a shorter one is decoded and reported as what it is."""
+        of the file); a shorter one is decoded and reported as what it is. ``written``: the
+        block's write time in the index (0: unknown); a record stamped earlier is an older
+        write of the block (:class:`StaleRecordError`), however well it verifies. A later
+        stamp is a rewrite this read's index snapshot predates (a refresh, repair or move
+        committing meanwhile, or a newer write of the block on a shared tier): accepted."""
         if size >= 0 and memoryview(rec).nbytes > size:
             raise CorruptRecordError(f"record is {memoryview(rec).nbytes} bytes, the index "
                                      f"says {size}")
         dec = decode_record(rec, expect_key=key, expect_layer=layer, expect_fingerprint=fp)
         h = dec.header
+        if written and (h.written_ns or 0) < written:
+            raise StaleRecordError(
+                f"record was written at {h.written_ns or 'an unknown time'} ns, before the "
+                f"write of {written} ns the index holds: a stale copy of the block")
         if h.shape != spec.block_shape(n_tokens) or h.dtype != spec.dtype:
             raise RecordMismatchError(
                 f"record holds {h.dtype}{list(h.shape)}, expected "
@@ -222,14 +232,15 @@ class ReadPath:
     @staticmethod
     def verify_into(rec: Any, key: bytes, layer: int, fp: bytes, spec: ModelSpec,
                      n_tokens: int, dest: np.ndarray | None, size: int = -1,
-                     erased: tuple[tuple[int, int], ...] = ()) -> tuple[int, int, int]:
+                     erased: tuple[tuple[int, int], ...] = (), written: int = 0
+                     ) -> tuple[int, int, int]:
         """Check one record and copy its data into ``dest`` (inside the reader's snapshot).
 
-        ``size``: as in :meth:`decode`. ``erased`` are the byte ranges the medium reported
-        unreadable (decoded as erasures). Returns (header copies repaired, symbols or bits
-        the ECC corrected, values degraded).
+        ``size`` and ``written``: as in :meth:`decode`. ``erased`` are the byte ranges the
+        medium reported unreadable (decoded as erasures). Returns (header copies repaired,
+        symbols or bits the ECC corrected, values degraded).
         """
-        dec = ReadPath.decode(rec, key, layer, fp, spec, n_tokens, size)
+        dec = ReadPath.decode(rec, key, layer, fp, spec, n_tokens, size, written)
         v = read_block(dec, dest, erased)
         return dec.header_repairs, v.corrected, v.degraded
 

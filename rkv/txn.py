@@ -124,8 +124,10 @@ class Mutator:
             fn()
 
     def run(self, fn: Callable[[Any, Pending], T],
-            before: Callable[[Any], None] | None = None) -> T:
-        """Run ``fn(txn, pending)``; ``before(txn)`` runs first in the same transaction."""
+            before: Callable[[Any], None] | None = None, freeing: bool = False) -> T:
+        """Run ``fn(txn, pending)``; ``before(txn)`` runs first in the same transaction.
+        ``freeing``: the mutation deletes (it may use the index's space reserve on a full
+        disk, :mod:`rkv.reserve`)."""
         self._hook("locking")
         with self.env.exclusive():
             self._hook("locked")
@@ -140,7 +142,7 @@ class Mutator:
                 pending.flush_writes()
                 return result
 
-            result: T = self.env.write(body)
+            result: T = self.env.write(body, freeing=freeing)
             self._hook("committed")
             box[0].flush_deletes()
             return result

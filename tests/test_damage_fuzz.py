@@ -93,7 +93,27 @@ def tier_records(tier_dir: Path) -> dict[bytes, bytes]:
         env.close()
 
 
+#: Whole-file damage (``page`` gives the cut or the growth in pages where it matters):
+#: ``truncate`` cuts the file to ``page`` pages (0: empty), ``cut`` to one byte short of its
+#: length, ``extend`` appends ``page`` pages of random bytes, ``vanish`` deletes it. A
+#: ``live-`` prefix damages the file while the engine has it open (then every call runs).
+FILE_MODES = ("truncate", "cut", "extend", "vanish")
+LIVE_TRIALS = (("live-truncate", 2), ("live-truncate", 0), ("live-cut", 0), ("live-random", 0),
+               ("live-zero", 1), ("live-random", 3), ("live-vanish", 0))
+
+
 def damage(path: Path, page: int, mode: str, seed: int) -> None:
+    mode = mode.removeprefix("live-")
+    if mode == "vanish":
+        path.unlink()
+        return
+    if mode in ("truncate", "cut"):
+        os.truncate(path, page * PAGE if mode == "truncate" else path.stat().st_size - 1)
+        return
+    if mode == "extend":
+        with open(path, "ab") as f:
+            f.write(np.random.default_rng(seed).bytes(page * PAGE))
+        return
     data = (np.random.default_rng(seed).bytes(PAGE) if mode == "random" else bytes(PAGE))
     with open(path, "r+b") as f:
         f.seek(page * PAGE)
@@ -115,7 +135,16 @@ def plan(pristine: Path, sweep: bool) -> dict[str, list[tuple[int, str]]]:
                           replace=False) if n > 2 else np.empty(0, dtype=np.int64)
         trials[rel] = [(p, m) for p in (0, 1) if p < n for m in ("random", "zero")]
         trials[rel] += [(int(p), ("random", "zero")[k % 2]) for k, p in enumerate(sorted(rest))]
+        trials[rel] += file_trials(n)
     return trials
+
+
+def file_trials(n: int) -> list[tuple[int, str]]:
+    """Cuts (empty, one page, two pages, half, one page short, one byte short), growth,
+    deletion, and the same kinds of damage while the engine is open."""
+    cuts = sorted({0, 1, 2, n // 2, n - 1} - {n})
+    return ([(c, "truncate") for c in cuts] + [(0, "cut"), (3, "extend"), (0, "vanish")]
+            + [(min(p, n - 1), m) for m, p in LIVE_TRIALS])
 
 
 # -- the subprocess ---------------------------------------------------------------------------
@@ -125,8 +154,10 @@ def run_trial(pristine: Path, dest: Path, rel: str, page: int, mode: str, seed: 
     it; returns (problems, outcome counts)."""
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(pristine, dest)
-    damage(dest / rel, page, mode, seed)
-    problems, outcome = use_store(dest)
+    hurt = partial(damage, dest / rel, page, mode, seed)
+    if not mode.startswith("live-"):
+        hurt()
+    problems, outcome = use_store(dest, hurt if mode.startswith("live-") else None)
     leaked = leaked_envs(dest)
     if leaked:
         # A handle left open would serve the next trial at this path stale pages: the worker
@@ -135,7 +166,36 @@ def run_trial(pristine: Path, dest: Path, rel: str, page: int, mode: str, seed: 
         outcome["leaked"] = 1
         return problems, outcome
     problems += check_intact(pristine, dest, rel)
+    problems += put_after(dest, outcome)
     return problems, outcome
+
+
+def put_after(dest: Path, outcome: dict[str, int]) -> list[str]:
+    """A put into the damaged store, once its other checks are done (it may evict records of
+    intact tiers): acknowledged, it reads back whole and exact, in this open and the next."""
+    extra = np.arange(90_000, 90_000 + 3 * CHUNK)
+    want = synthetic_kv(SMALL, extra)
+    problems: list[str] = []
+    for attempt in ("put", "reopened"):
+        try:
+            with Engine.open(dest, config()) as e:
+                if attempt == "put":
+                    e.put(extra, want, model=SMALL)
+                got = e.get(extra, model=SMALL)
+        except RkvError as exc:
+            outcome[f"put after damage raised {type(exc).__name__}"] = 1
+            if attempt == "put":
+                return problems
+            problems.append(f"the store acknowledged a put, then failed to reopen: {exc!r}")
+            return problems
+        except Exception as exc:
+            return [f"put after damage raised {type(exc).__module__}.{type(exc).__name__}: "
+                    f"{exc}\n{traceback.format_exc(limit=-4)}"]
+        if got.n_tokens != len(extra) or not np.array_equal(got.kv, want):
+            problems.append(f"an acknowledged put read back {got.n_tokens} of {len(extra)} "
+                            f"tokens ({attempt}): {got.counts}")
+    outcome["put after damage kept"] = 1
+    return problems
 
 
 def leaked_envs(store: Path) -> list[str]:
@@ -152,9 +212,10 @@ def leaked_envs(store: Path) -> list[str]:
     return out
 
 
-def use_store(dest: Path) -> tuple[list[str], dict[str, int]]:
+def use_store(dest: Path, hurt: Callable[[], None] | None = None
+              ) -> tuple[list[str], dict[str, int]]:
     """Open the store and call everything; every call returns exact data or raises an
-    RkvError."""
+    RkvError. ``hurt`` (when given) damages a file after the store is open and read once."""
     problems: list[str] = []
     outcome: Counter[str] = Counter()
 
@@ -176,6 +237,10 @@ def use_store(dest: Path) -> tuple[list[str], dict[str, int]]:
         return problems, dict(outcome)
     e = opened
     try:
+        if hurt is not None:
+            for s in sequences():          # everything mapped and read once, then damaged
+                call("get", partial(e.get, s, model=SMALL))
+            hurt()
         for i, s in enumerate(sequences()):
             n = call(f"lookup[{i}]", partial(e.lookup, s, model=SMALL))
             if n is not None and not (isinstance(n, int) and 0 <= n <= len(s)):

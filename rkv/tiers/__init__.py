@@ -19,6 +19,8 @@ def open_tier(t: TierSpec, path: Path, readonly: bool) -> Tier:
         from rkv.tiers.redis_tier import RedisTier  # (imports redis only when used)
 
         return RedisTier(t, t.remote)
+    if path.exists() and not path.is_dir():    # e.g. a memory-tier path that became a file
+        return UnavailableTier(t, path, "its path is not a directory")
     try:
         return LmdbTier(t, path, readonly=readonly)
     except CorruptStoreError as exc:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-from rkv.errors import CorruptStoreError, RkvError, StoreClosedError, StoreError
-from rkv.lmdbenv import SharedEnv, acquire, map_bytes_for, release, translate, typed
+from rkv.errors import (
+    CorruptStoreError,
+    RkvError,
+    StoreClosedError,
+    StoreError,
+    TierFullError,
+)
+from rkv.lmdbenv import SharedEnv, acquire, map_bytes_for, release, typed
 from rkv.tiers.base import Tier, TierSpec
 from rkv.tiers.safe_read import MapFile
 
@@ -19,21 +26,59 @@ _BLOCKS = b"blocks"
 _META = b"meta"
 
 
+#: Records per delete transaction on a full disk.
+FULL_DISK_BATCH = 32
+#: Fresh snapshots one reader may open after failed lookups before it gives up on the tier.
+MAX_RENEWALS = 8
+
+
 class _Reader:
-    def __init__(self, txn: Any, db: Any, where: str, file: MapFile | None = None) -> None:
-        self._txn = txn
+    """Point reads of one tier in one snapshot.
+
+    A lookup that LMDB fails (a damaged page: ``MDB_CORRUPTED``, ``MDB_PAGE_NOTFOUND``) leaves
+    its transaction unusable (every later call is ``MDB_BAD_TXN``), so that block's error is
+    raised as a :class:`CorruptStoreError` and the next lookup opens a fresh snapshot. The
+    failed snapshot stays open until the reader ends: buffers it handed out stay valid. A
+    value whose extent reaches past the end of the data file (a damaged leaf's length) is
+    refused without touching it: reading it through the map would be a SIGBUS.
+    """
+
+    def __init__(self, env: SharedEnv, stack: ExitStack, db: Any, where: str,
+                 file: MapFile, pread: bool) -> None:
+        self._env, self._stack = env, stack
         self._db = db
         self._where = where
         self._file = file
+        self._pread = pread
+        self._renewals = 0
+        self._txn: Any = None
+        self._open()
+
+    def _open(self) -> None:
+        self._txn = self._stack.enter_context(self._env.read())
 
     def get(self, key: bytes) -> memoryview | None:
         if self._db is None:
             return None
+        if self._txn is None:
+            if self._renewals > MAX_RENEWALS:
+                raise CorruptStoreError(f"{self._where}: {self._renewals} lookups failed in "
+                                        "one read; the tier's database is damaged")
+            self._open()
         try:
             view = self._txn.get(key, db=self._db)
         except lmdb.Error as exc:
-            raise translate(exc, self._where) from exc
-        if view is None or self._file is None:
+            self._txn = None
+            self._renewals += 1
+            raise CorruptStoreError(f"{self._where}: lookup of {key.hex()[:16]} failed, the "
+                                    f"database is damaged ({exc})") from exc
+        if view is None:
+            return None
+        end = self._file.offset(view) + memoryview(view).nbytes
+        if end > self._env.guard.limit and end > self._env.guard.size():
+            raise CorruptStoreError(f"{self._where}: the value of {key.hex()[:16]} reaches "
+                                    f"past the end of the data file (a damaged page)")
+        if not self._pread:
             return view  # type: ignore[no-any-return]
         return self._file.read(view, key)
 
@@ -64,12 +109,11 @@ class LmdbTier(Tier):
         self._blocks = self._env.db(_BLOCKS)
         self._meta = self._env.db(_META)
         self._file: MapFile | None = None
-        if spec.reads == "pread":
-            try:
-                self._file = MapFile(self.path / "data.mdb")
-            except OSError as exc:
-                self.close()
-                raise StoreError(f"tier {self.name}: cannot open its data file: {exc}") from exc
+        try:   # also finds where values lie in the file in "mmap" mode (their extent check)
+            self._file = MapFile(self.path / "data.mdb")
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"tier {self.name}: cannot open its data file: {exc}") from exc
         self.state = "new" if self._env.new else "ok"
         self._store_id = ""
         try:
@@ -118,9 +162,17 @@ class LmdbTier(Tier):
 
     def ensure_checked(self) -> None:
         """Check the structure once before this process first writes (a write walks the free
-        list with a cursor, which aborts on a damaged page like a scan does). Point reads
-        never need it, so opening stays cheap."""
-        if not self._checked:
+        list with a cursor, which aborts on a damaged page like a scan does), and again when
+        the file was changed by something other than an LMDB commit; and the data file
+        (cheap) every time. Point reads never need the structure check, so opening stays
+        cheap."""
+        if self.state == "damaged":
+            return
+        try:
+            self._healthy()
+        except CorruptStoreError:
+            return
+        if not self._checked or self.env.guard.tampered:
             self.check()
             self._checked = True
 
@@ -146,8 +198,22 @@ class LmdbTier(Tier):
     @contextmanager
     def reader(self) -> Iterator[_Reader]:
         where = f"tier {self.name} ({self.path})"
-        with self.env.read() as txn:
-            yield _Reader(txn, self._blocks, where, self._file)
+        with ExitStack() as stack:
+            if self._file is None:
+                raise StoreClosedError(f"tier {self.name} is closed")
+            yield _Reader(self._healthy(), stack, self._blocks, where, self._file,
+                          self.spec.reads == "pread")
+
+    def _healthy(self) -> SharedEnv:
+        """The environment, its data file checked (:meth:`SharedEnv.check_file`); a file
+        found damaged marks the tier damaged."""
+        env = self.env
+        try:
+            env.check_file()
+        except CorruptStoreError as exc:
+            self.mark_damaged(str(exc))
+            raise
+        return env
 
     def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
         self.ensure_checked()
@@ -161,15 +227,24 @@ class LmdbTier(Tier):
         self.env.write(fn)
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
+        """Delete records atomically; on a full disk (after giving up the reserve,
+        :mod:`rkv.reserve`) in batches of :data:`FULL_DISK_BATCH`, each atomic, every one
+        reusing the pages the one before freed."""
         self.ensure_checked()
         self._refuse_if_damaged()
         keys = list(keys)
         db = self._blocks
 
-        def fn(txn: Any) -> int:
-            return sum(1 for k in keys if txn.delete(k, db=db))
+        def fn(part: list[bytes], txn: Any) -> int:
+            return sum(1 for k in part if txn.delete(k, db=db))
 
-        return self.env.write(fn)
+        try:
+            return self.env.write(partial(fn, keys), freeing=True)
+        except TierFullError:
+            if len(keys) <= FULL_DISK_BATCH:
+                raise
+        return sum(self.env.write(partial(fn, keys[i:i + FULL_DISK_BATCH]), freeing=True)
+                   for i in range(0, len(keys), FULL_DISK_BATCH))
 
     def iter_keys(self) -> Iterator[bytes]:
         self._refuse_if_damaged()
@@ -193,16 +268,23 @@ class LmdbTier(Tier):
         self.ensure_checked()
         self._refuse_if_damaged()
         db = self._blocks
-        self.env.write(lambda txn: txn.drop(db, delete=False))
+        try:
+            self.env.write(lambda txn: txn.drop(db, delete=False), freeing=True)
+        except TierFullError:     # one drop needs a free-list entry for every page: batches
+            self.delete_many(list(self.iter_keys()))
 
     def stats(self) -> dict[str, Any]:
         try:
             records: int | None = self.records()
         except RkvError:
             records = None
+        try:
+            map_bytes = self.env.map_size()
+        except CorruptStoreError:
+            map_bytes = 0
         return {
             "records": records,
-            "map_bytes": self.env.map_size(),
+            "map_bytes": map_bytes,
             "file_bytes": self.env.file_bytes(),
             "path": str(self.path),
             "state": self.state,

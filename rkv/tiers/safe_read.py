@@ -30,7 +30,7 @@ from rkv.errors import MediumError, StoreError
 PAGE = 4096
 
 
-def _address(view: Any) -> int:
+def address(view: Any) -> int:
     """Start address of a buffer, without reading it (no page is touched)."""
     return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
 
@@ -66,11 +66,15 @@ class MapFile:
                                  "(reads = 'pread' needs Linux's /proc/self/maps)")
         return addr - self._base
 
+    def offset(self, view: Any) -> int:
+        """The file offset of the value ``view`` points at (no page of it is touched)."""
+        return self._locate(address(view))
+
     def read(self, view: Any, key: bytes) -> memoryview:
         """A copy of the value ``view`` points at, read from the file. Raises MediumError
         with the failed ranges (the rest of the record filled in, the failed bytes zero)."""
         n = memoryview(view).nbytes
-        off = self._locate(_address(view))
+        off = self._locate(address(view))
         out = np.empty(n, dtype=np.uint8)
         try:
             got = os.preadv(self.fd, [out.data], off)
