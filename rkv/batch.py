@@ -51,7 +51,7 @@ def put_many(engine: Engine, items: Sequence[tuple[Any, Any]], model: ModelSpec 
         _, fp, toks, keys = engine._prepare(tokens, spec)
         prepared.append((fp, toks, keys, as_kv_array(kv, spec, len(toks))))
     over = put_targets(engine, placement)
-    engine._share.probe([(keys, len(toks)) for _, toks, keys, _ in prepared], spec)
+    engine._share.probe([(keys, len(toks)) for _, toks, keys, _ in prepared], spec, put=True)
     for fp, toks, keys, _ in prepared:
         if engine._log is not None:
             engine._log.record("put", fp, keys, len(toks))

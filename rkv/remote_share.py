@@ -10,6 +10,13 @@ asks each shared remote tier for the next chunks' block keys (:meth:`RemoteShare
   every layer is there and its header verifies and says what the key asks for: the chunk
   key, the layer, the model fingerprint and the shape of that chunk's tokens (its length
   is checked by the read). Adoption stops at the first chunk that fails.
+* **A put's probe** counts nothing as stored that is not: first it asks the server for the
+  values of the chunks the local index has in a remote tier (one round trip of lengths per
+  tier) and forgets those the server lost (a restart, eviction, expiry), so the put stores
+  them again; a tier that cannot be asked fails the put (TierUnavailableError). Then, on an
+  authenticated tier, a chunk is adopted only when every value of it verifies its MAC in
+  full under this node's keys: a value a writer without the key planted is not adopted,
+  the put overwrites it and counts it as written.
 * **Adopt**: the chunks found are written to the local index as blocks of the remote tier
   (one mutation); nothing is copied. The get that follows reads them through the normal
   read path, which verifies every record in full (MAC, header vote, checksum, ECC).
@@ -23,19 +30,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from policies.base import Reason
 from rkv.blockcodec import header_stages
 from rkv.decisions import free_chunk
-from rkv.errors import AuthenticationError, RkvError, TierUnavailableError
+from rkv.errors import (
+    AuthenticationError,
+    CorruptStoreError,
+    RkvError,
+    StaleRecordError,
+    TierUnavailableError,
+)
 from rkv.index import ChunkMeta
 from rkv.keys import KEY_BYTES, block_key, chunk_bounds
 from rkv.model import ModelSpec
 from rkv.record import peek_header
-from rkv.record_mac import MAC_BYTES
-from rkv.record_mac import MAGIC as MAC_MAGIC
 from rkv.results import MISSING, UNCORRECTABLE, BlockLog
 from rkv.storemix import stages_label
 from rkv.tiers.base import Tier
@@ -71,6 +82,9 @@ class RemoteShare:
         self.engine = engine
         self.names = [t.name for t in engine.config.tiers
                       if t.kind == "redis" and t.remote_settings().shared]
+        #: Every remote tier, shared or not (a put asks them whether they still hold what
+        #: the index says they do).
+        self.remote = [t.name for t in engine.config.tiers if t.kind == "redis"]
         #: Chunks whose shared record failed verification here: not adopted again until
         #: this engine stores them itself (so a put rewrites them instead of deduplicating).
         self.bad: set[bytes] = set()
@@ -85,12 +99,20 @@ class RemoteShare:
         return out
 
     # -- probe and adopt --------------------------------------------------------------------
-    def probe(self, requests: Sequence[tuple[list[bytes], int]], spec: ModelSpec) -> int:
+    def probe(self, requests: Sequence[tuple[list[bytes], int]], spec: ModelSpec, *,
+              put: bool = False) -> int:
         """Adopt the chunks of ``requests`` (chunk keys, tokens) that the local index lacks
         and a shared remote tier holds; returns the chunks adopted. A tier that cannot be
-        reached is skipped (its chunks stay unknown: a miss)."""
+        reached is skipped (its chunks stay unknown: a miss). ``put``: the probe of a put
+        (see the module docstring): indexed chunks the server lost are forgotten first
+        (TierUnavailableError when it cannot be asked), and on an authenticated tier only
+        chunks whose values verify in full are adopted."""
         engine = self.engine
-        if not self.names or engine.readonly:
+        if engine.readonly:
+            return 0
+        if put:
+            self.forget_lost(requests)
+        if not self.names:
             return 0
         ix = engine._index
         todo: list[tuple[list[bytes], int, int]] = []     # keys, first missing, tokens
@@ -105,9 +127,12 @@ class RemoteShare:
         found: list[tuple[list[bytes], int, list[ChunkMeta]]] = []
         for name, tier in self._tiers():
             try:
-                found += self._look(name, tier, todo, spec, fp)
+                got = self._look(name, tier, todo, spec, fp)
+                if put and tier.macs is not None:
+                    got = self._verified(tier, got)
             except (TierUnavailableError, RkvError):
                 continue
+            found += got
             break
         engine._count(remote_probes=1)
         if not any(metas for _, _, metas in found):
@@ -115,6 +140,103 @@ class RemoteShare:
         adopted = int(engine._mutate(lambda txn, pending: self._adopt(txn, found, spec)))
         engine._count(remote_adopted=adopted)
         return adopted
+
+    def forget_lost(self, requests: Sequence[tuple[list[bytes], int]]) -> int:
+        """Before a put: forget the chunks of ``requests`` that the local index has in a
+        remote tier whose values the server no longer holds (absent, or a length no record
+        of that size has), so the put stores them again; returns how many. Raises
+        TierUnavailableError when a tier holding some cannot be asked: the put cannot tell
+        whether they are stored."""
+        engine = self.engine
+        if not self.remote:
+            return 0
+        names = set(self.remote)
+        asks: dict[str, list[tuple[bytes, int, int]]] = {}     # tier: (chunk, layer, size)
+        seen: dict[bytes, ChunkMeta] = {}
+        with engine._index.env.read() as txn:
+            for keys, _ in requests:
+                for key in keys:
+                    if key in seen:
+                        continue
+                    try:
+                        meta = engine._index.get_chunk(txn, key)
+                    except CorruptStoreError:
+                        continue             # the put heals a damaged entry
+                    if meta is None or not meta.tiers() & names:
+                        continue
+                    seen[key] = meta
+                    for layer, (name, size) in enumerate(meta.blocks):
+                        if name in names:
+                            asks.setdefault(name, []).append((key, layer, size))
+        lost: list[bytes] = []
+        for name, blocks in asks.items():
+            tier = remote_of(engine._tiers[name])
+            if tier is None:
+                continue
+            lens = tier.lengths([block_key(k, layer) for k, layer, _ in blocks])
+            lost += [k for (k, _, size), n in zip(blocks, lens, strict=True)
+                     if not tier.holds(size, n)]
+        if not lost:
+            return 0
+
+        def forget(txn: Any, pending: Any) -> int:
+            n = 0
+            for key in dict.fromkeys(lost):
+                meta = engine._index.read_chunk(txn, key)
+                if meta is None or meta.blocks != seen[key].blocks:
+                    continue                 # stored again meanwhile
+                free_chunk(engine._index, txn, key, meta, pending)
+                engine._decide.removed(key, Reason.DELETED)
+                n += 1
+            return n
+
+        n = int(engine._mutate(forget))
+        engine._count(remote_gone=n)
+        return n
+
+    def _verified(self, tier: RedisTier, found: list[tuple[list[bytes], int, list[ChunkMeta]]]
+                  ) -> list[tuple[list[bytes], int, list[ChunkMeta]]]:
+        """``found`` cut, per request, before the first chunk with a value that fails its
+        MAC under this node's keys or is not the size its header says (values fetched in
+        MGET windows, MACs checked on the codec pool)."""
+        blocks = {block_key(keys[i], layer): size
+                  for keys, start, metas in found for i, meta in enumerate(metas, start)
+                  for layer, (_, size) in enumerate(meta.blocks)}
+        bad: set[bytes] = set()
+        with tier.reader() as r:
+            r.want(blocks.items())
+            for bk, size in blocks.items():
+                chunk = bk[:KEY_BYTES]
+                if chunk in bad:
+                    continue
+                try:
+                    record = r.get(bk)
+                except AuthenticationError:
+                    record = None
+                if record is None or record.nbytes != size:
+                    bad.add(chunk)
+        if not bad:
+            return found
+        self.engine._count(remote_probe_rejected=len(bad))
+        self.bad |= bad
+        out = []
+        for keys, start, metas in found:
+            ok = next((j for j, _ in enumerate(metas) if keys[start + j] in bad), len(metas))
+            out.append((keys, start, metas[:ok]))
+        return out
+
+    def raise_if_down(self, size: Callable[[str], int]) -> None:
+        """Raise TierUnavailableError when a remote tier that could hold a chunk of
+        ``size(tier)`` bytes is down now: placement skipped it, so the put that found no
+        tier for the chunk fails because the server cannot be reached, not because tiers
+        are full."""
+        engine = self.engine
+        for name in self.remote:
+            tier = remote_of(engine._tiers[name])
+            if (tier is not None and tier.state == "damaged"
+                    and size(name) <= engine.config.tier(name).capacity_bytes):
+                raise TierUnavailableError(f"{tier.where} is unavailable ({tier.damage}) and "
+                                           "no other tier can take the chunk")
 
     def _look(self, name: str, tier: RedisTier, todo: list[tuple[list[bytes], int, int]],
               spec: ModelSpec, fp: bytes) -> list[tuple[list[bytes], int, list[ChunkMeta]]]:
@@ -160,7 +282,8 @@ class RemoteShare:
             if not head:             # (GETRANGE of a missing key: empty)
                 return None
             try:
-                skip = _envelope(head, keys[i]) if tier.macs is not None else 0
+                skip = (tier.macs.record_offset(block_key(keys[i], layer), head)
+                        if tier.macs is not None else 0)
                 header, size = peek_header(head[skip:])
                 pipes.append(stages_label(*header_stages(header)))
             except RkvError:
@@ -243,8 +366,11 @@ class RemoteShare:
                       and not isinstance(st.error, TierUnavailableError)]
             if failed:     # that chunk, and those after it the read did not reach
                 gone += keys[min(failed):max(len(metas), min(failed) + 1)]
+            # A stale record on a shared tier is another node's write of the same block,
+            # as valid as the one indexed here: forgotten, but adopted again by a probe.
             self.bad.update(keys[st.chunk] for st in shared
-                            if st.status == UNCORRECTABLE and st.chunk < len(keys))
+                            if st.status == UNCORRECTABLE and st.chunk < len(keys)
+                            and not isinstance(st.error, StaleRecordError))
         if len(self.bad) > 65536:
             self.bad.clear()
         if not gone:
@@ -275,14 +401,6 @@ def _pipe(client: Any, cmds: list[tuple[str, bytes]]) -> list[Any]:
         else:
             pipe.getrange(key, 0, PROBE_BYTES - 1)
     return list(pipe.execute())
-
-
-def _envelope(head: bytes, key: bytes) -> int:
-    """Bytes of a MAC envelope before the record (its MAC is verified by the read, which
-    has the whole value); a value that has no envelope is rejected now."""
-    if len(head) < 8 or head[:4] != MAC_MAGIC:
-        raise AuthenticationError(f"record {key.hex()[:16]} is not sealed (no MAC envelope)")
-    return 8 + head[6] + MAC_BYTES
 
 
 def announce(engine: Engine, readers: Any, reads: Sequence[tuple[list[bytes], Sequence[ChunkMeta]]]

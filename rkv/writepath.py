@@ -28,7 +28,7 @@ from rkv.blockcodec import (
     encode_blocks,
 )
 from rkv.decisions import RECOMPUTE_TPS, Protected, free_chunk
-from rkv.errors import ConfigError, CorruptStoreError
+from rkv.errors import ConfigError, CorruptStoreError, TierFullError
 from rkv.index import ChunkMeta
 from rkv.keys import block_key
 from rkv.model import ModelSpec
@@ -207,7 +207,11 @@ def write_chunks(engine: Engine, plan: PutPlan, txn: Any, pending: Pending) -> P
                     parent=keys[i - 1] if i else None,
                     miss_cost=(end - start) / RECOMPUTE_TPS)
         decide.missed(key, item, now)
-        tier = decide.place(txn, item, chunk_size, protect, pending, stats, now)
+        try:
+            tier = decide.place(txn, item, chunk_size, protect, pending, stats, now)
+        except TierFullError:
+            engine._share.raise_if_down(chunk_size)   # skipped as down, not full
+            raise
         if tier is None:
             refused += 1
             continue

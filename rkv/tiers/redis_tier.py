@@ -3,7 +3,9 @@
 Every record is one string value under ``rkv:<namespace>:<block key hex>``. Writes go in one
 MULTI/EXEC pipeline per batch (all or none), reads one GET per record or, for blocks the
 read path announces (:meth:`_Reader.want`), one MGET per window of records. The client keeps
-a connection pool, times out, and reconnects a failed command ``retries`` times.
+a connection pool and times out; :meth:`RedisTier._call` retries a refused or dropped
+connection (never a timeout), so a server that stops answering fails a call within
+:attr:`RemoteSettings.give_up_s`.
 
 What rkv promises here (docs/remote.md):
 
@@ -13,10 +15,13 @@ What rkv promises here (docs/remote.md):
   other data.
 * **Missing values are misses**: the server's ``maxmemory`` eviction or a key's expiry may
   drop a value at any time.
-* **A down server** (refused, timed out) raises :class:`~rkv.errors.TierUnavailableError`, a
-  :class:`~rkv.errors.MissingRecordError`: reads are misses, writes fail with it. After a
-  failure the tier reports ``state == "damaged"`` (placement skips it) for ``retry_after_s``,
-  then tries the server again, so the engine recovers when it is back.
+* **A down or hung server** (refused, timed out) raises
+  :class:`~rkv.errors.TierUnavailableError`, a :class:`~rkv.errors.MissingRecordError`:
+  reads are misses, writes fail with it. After a failure the tier reports
+  ``state == "damaged"`` (placement skips it, calls fail at once) for ``retry_after_s``, or,
+  after a timeout, for as long as the call waited if that is longer (so one put or get does
+  not wait on a hung server twice), then tries the server again, so the engine recovers
+  when it is back.
 * **Shared namespaces** (``shared = true``, the default) are never deleted from: a record one
   node evicts or moves may be another node's prefix.
 * **Credentials** come from the environment or a file and appear nowhere: not in errors,
@@ -31,10 +36,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from rkv.errors import (
@@ -60,9 +65,11 @@ def _connection_kwargs(s: RemoteSettings, name: str) -> dict[str, Any]:
         "socket_timeout": s.timeout_s,
         "socket_connect_timeout": s.connect_timeout_s,
         "max_connections": s.pool_size,
-        "retry": Retry(ExponentialBackoff(cap=0.25, base=0.01), s.retries),
-        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
-        "health_check_interval": 30,
+        # No retries and no health-check PINGs inside the client (a PING on an idle
+        # connection runs a retry loop of its own inside the command's): RedisTier._call
+        # retries, and never a timeout, so one call is bounded by give_up_s.
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
     }
     if s.username:
         kw["username"] = s.username
@@ -169,7 +176,8 @@ class RedisTier(Tier):
         if settings.authenticated:
             keys = {kid: mac_key(src, f"tier {spec.name}: remote.mac_keys.{kid}")
                     for kid, src in settings.mac_keys.items()}
-            self.macs = MacKeys(keys, settings.mac_key_id, settings.mac_algorithm)
+            self.macs = MacKeys(keys, settings.mac_key_id, settings.mac_algorithm,
+                                namespace=settings.namespace)
         kw = _connection_kwargs(settings, spec.name)
         try:
             self._pool: redis.ConnectionPool | None = redis.ConnectionPool.from_url(
@@ -203,8 +211,11 @@ class RedisTier(Tier):
             self._counters.update(counts)
 
     def _call(self, fn: Callable[[redis.Redis], T]) -> T:
-        """``fn(client)`` with the server's failures as typed errors; a connection failure
-        marks the tier down for ``retry_after_s``."""
+        """``fn(client)`` with the server's failures as typed errors. A refused or dropped
+        connection is retried at once (up to ``retries`` times, while ``timeout_s`` has not
+        passed); a timeout is not (the server did not answer for that long). So a call fails
+        within ``connect_timeout_s + 2 * timeout_s`` (:attr:`RemoteSettings.give_up_s`) and
+        then marks the tier down (see the module docstring)."""
         if self._pool is None:
             from rkv.errors import StoreClosedError
 
@@ -213,25 +224,42 @@ class RedisTier(Tier):
             self._count(unavailable=1)
             raise TierUnavailableError(f"{self.where} is unavailable ({self.damage}); "
                                        "retrying later")
-        try:
-            out = fn(self._client)
-        except (redis.AuthenticationError, redis.exceptions.AuthorizationError,
-                redis.exceptions.NoPermissionError) as exc:
-            raise StoreError(f"{self.where}: the server refused the credentials or the "
-                             f"command ({type(exc).__name__}; user "
-                             f"{self.settings.username or 'default'!r})") from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self.damage = f"{type(exc).__name__}: {exc}"
-            self._down_until = time.monotonic() + self.settings.retry_after_s
-            self._count(unavailable=1)
-            raise TierUnavailableError(f"{self.where} is unavailable: {self.damage}") from None
-        except redis.exceptions.OutOfMemoryError:
-            raise TierFullError(f"{self.where}: the server is out of memory "
-                                "(maxmemory)") from None
-        except redis.RedisError as exc:     # a ResponseError included
-            raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}") from None
+        start = time.monotonic()
+        failures = 0
+        while True:
+            try:
+                out = fn(self._client)
+                break
+            except (redis.AuthenticationError, redis.exceptions.AuthorizationError,
+                    redis.exceptions.NoPermissionError) as exc:
+                raise StoreError(f"{self.where}: the server refused the credentials or the "
+                                 f"command ({type(exc).__name__}; user "
+                                 f"{self.settings.username or 'default'!r})") from None
+            except redis.TimeoutError as exc:
+                self._down(exc, time.monotonic() - start)
+            except redis.ConnectionError as exc:
+                failures += 1
+                pause = min(0.25, 0.01 * 2 ** failures)
+                if (failures > self.settings.retries
+                        or time.monotonic() - start + pause >= self.settings.timeout_s):
+                    self._down(exc, 0.0)
+                time.sleep(pause)       # a restarting server: give it a moment
+            except redis.exceptions.OutOfMemoryError:
+                raise TierFullError(f"{self.where}: the server is out of memory "
+                                    "(maxmemory)") from None
+            except redis.RedisError as exc:     # a ResponseError included
+                raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}") from None
         self.damage = None
         return out
+
+    def _down(self, exc: Exception, waited: float) -> NoReturn:
+        """Mark the tier down after a failed call that waited ``waited`` seconds for the
+        server: for ``retry_after_s``, or as long as it waited if that is longer, so the
+        other calls of the same put or get fail at once instead of waiting again."""
+        self.damage = f"{type(exc).__name__}: {exc}"
+        self._down_until = time.monotonic() + max(self.settings.retry_after_s, waited)
+        self._count(unavailable=1)
+        raise TierUnavailableError(f"{self.where} is unavailable: {self.damage}") from None
 
     def open_value(self, block_key: bytes, value: bytes) -> memoryview:
         """The record inside a stored value (its MAC verified on an authenticated tier)."""
@@ -242,6 +270,25 @@ class RedisTier(Tier):
         except AuthenticationError:
             self._count(auth_rejected=1)
             raise
+
+    def lengths(self, block_keys: Sequence[bytes]) -> list[int]:
+        """The length of each block's value on the server, 0 where there is none (one round
+        trip)."""
+        if not block_keys:
+            return []
+
+        def strlen(c: redis.Redis) -> list[Any]:
+            pipe = c.pipeline(transaction=False)
+            for k in block_keys:
+                pipe.strlen(self.key(k))
+            return list(pipe.execute())
+
+        return [int(n) for n in self._call(strlen)]
+
+    def holds(self, size: int, length: int) -> bool:
+        """Whether a value of ``length`` bytes can hold a record of ``size`` bytes here (the
+        record, or on an authenticated tier its envelope)."""
+        return MacKeys.fits(size, length) if self.macs is not None else length == size
 
     # -- the Tier interface -----------------------------------------------------------------
     @property

@@ -88,13 +88,16 @@ class RemoteSettings:
     ``namespace`` prefixes every key (``rkv:<namespace>:<block key hex>``): nodes that share
     prefixes use the same one. ``username`` is an ACL user; ``password`` and the MAC keys are
     secret sources. ``tls_*`` are file paths for ``rediss://`` (CA bundle, client certificate
-    and key). Timeouts are seconds; ``retries`` reconnects a failed command that many times;
-    after a failure the tier answers "unavailable" at once for ``retry_after_s`` before it
-    tries the server again. ``shared``: other nodes read this namespace, so rkv never deletes
-    from it (the server's ``maxmemory`` policy or ``ttl_s`` reclaims space), and with
-    ``write_through`` every chunk a put stores in a local tier is copied there too, so
-    other nodes find it (best effort: a failed copy is counted, the put stands). ``mac_keys``
-    (key id -> secret source) authenticates records; ``mac_key_id`` seals new ones;
+    and key). Timeouts are seconds; ``retries`` reconnects a refused or dropped connection
+    that many times (within ``timeout_s``; a timeout is not retried), so a call to a server
+    that stops answering fails within :attr:`give_up_s`; after a failure the tier answers
+    "unavailable" at once for ``retry_after_s`` (after a timeout, at least as long as the
+    call waited) before it tries the server again. ``shared``: other nodes read this
+    namespace, so rkv never deletes from it (the server's ``maxmemory`` policy or ``ttl_s``
+    reclaims space), and with ``write_through`` every chunk a put stores in a local tier is
+    copied there too, so other nodes find it (best effort: a failed copy is counted, the put
+    stands). ``mac_keys`` (key id -> secret source) authenticates records, bound to the
+    namespace (a record copied into another namespace fails); ``mac_key_id`` seals new ones;
     ``mac_algorithm``: ``"hmac-sha256"`` (default: OpenSSL uses the CPU's SHA instructions,
     about twice keyed blake2b's speed here) or ``"blake2b"`` (keyed).
     ``window_bytes`` bounds one batched read (MGET)."""
@@ -161,6 +164,13 @@ class RemoteSettings:
     def from_dict(cls, url: str, d: Any, what: str = "remote") -> RemoteSettings:
         check_keys(as_table(d, what), {f.name for f in fields(cls)} - {"url"}, what)
         return cls(url=url, **d)
+
+    @property
+    def give_up_s(self) -> float:
+        """The longest a call to a server that stops answering (hung, gone, unreachable)
+        waits before it fails with TierUnavailableError: a connect, a reply, and the
+        reconnects begun within ``timeout_s`` (12 s by default)."""
+        return self.connect_timeout_s + 2 * self.timeout_s
 
     @property
     def authenticated(self) -> bool:

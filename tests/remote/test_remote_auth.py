@@ -26,6 +26,11 @@ from rkv.tiers.remote_config import RemoteSettings
 
 K1, K2 = os.urandom(32), os.urandom(32)
 BK, OTHER = b"\x01" * 34, b"\x02" * 34
+NS = "ns-a"
+
+
+def macs(keys: dict[str, bytes], write: str, alg: str = "hmac-sha256") -> MacKeys:
+    return MacKeys(keys, write, alg, namespace=NS)
 
 
 @pytest.fixture
@@ -49,7 +54,7 @@ def tier(server: RedisServer, namespace: str, **kw: Any) -> RedisTier:
 
 # -- the envelope --------------------------------------------------------------------------
 def test_seal_open_round_trip() -> None:
-    m = MacKeys({"k1": K1}, "k1")
+    m = macs({"k1": K1}, "k1")
     sealed = m.seal(BK, b"record bytes")
     assert bytes(m.open(BK, sealed)) == b"record bytes"
     assert K1.hex() not in repr(m) and "k1" in repr(m)
@@ -60,7 +65,7 @@ def test_seal_open_round_trip() -> None:
 @given(data=st.data())
 def test_any_change_is_rejected(alg: str, data: st.DataObject) -> None:
     """A flipped bit anywhere, a truncation, an extension: never opened."""
-    m = MacKeys({"k1": K1}, "k1", alg)
+    m = macs({"k1": K1}, "k1", alg)
     sealed = bytearray(m.seal(BK, os.urandom(data.draw(st.integers(0, 300)))))
     kind = data.draw(st.sampled_from(["flip", "truncate", "extend"]))
     if kind == "flip":
@@ -75,24 +80,52 @@ def test_any_change_is_rejected(alg: str, data: st.DataObject) -> None:
 
 
 def test_algorithms_do_not_mix() -> None:
-    b2, hs = MacKeys({"k1": K1}, "k1", "blake2b"), MacKeys({"k1": K1}, "k1")   # default: hmac
+    b2, hs = macs({"k1": K1}, "k1", "blake2b"), macs({"k1": K1}, "k1")   # default: hmac
     assert bytes(hs.open(BK, hs.seal(BK, b"r"))) == b"r"
     assert hs.seal(BK, b"r")[5] == 2                  # the envelope names HMAC-SHA256
     for a, b in ((b2, hs), (hs, b2)):
         with pytest.raises(AuthenticationError, match="unknown MAC envelope"):
             a.open(BK, b.seal(BK, b"r"))
     with pytest.raises(ConfigError, match="algorithm"):
-        MacKeys({"k1": K1}, "k1", "md5")
+        macs({"k1": K1}, "k1", "md5")
 
 
 def test_key_rotation() -> None:
-    old, new = MacKeys({"k1": K1}, "k1"), MacKeys({"k1": K1, "k2": K2}, "k2")
+    old, new = macs({"k1": K1}, "k1"), macs({"k1": K1, "k2": K2}, "k2")
     assert bytes(new.open(BK, old.seal(BK, b"a"))) == b"a"        # old records still read
     with pytest.raises(AuthenticationError, match="'k2'"):
         old.open(BK, new.seal(BK, b"b"))                          # a key it does not have
-    other = MacKeys({"k1": K2}, "k1")                             # same id, another key
+    other = macs({"k1": K2}, "k1")                             # same id, another key
     with pytest.raises(AuthenticationError, match="failed its MAC"):
         old.open(BK, other.seal(BK, b"c"))
+
+
+def test_the_namespace_is_bound() -> None:
+    """A value sealed in one namespace fails in another (same key, same block key)."""
+    a = MacKeys({"k1": K1}, "k1", namespace="ns-a")
+    b = MacKeys({"k1": K1}, "k1", namespace="ns-b")
+    sealed = a.seal(BK, b"record")
+    assert bytes(a.open(BK, sealed)) == b"record"
+    with pytest.raises(AuthenticationError, match="namespace"):
+        b.open(BK, sealed)
+    assert "ns-a" in repr(a)
+    with pytest.raises(ConfigError, match="namespace"):
+        MacKeys({"k1": K1}, "k1", namespace="")
+
+
+def test_envelope_version_1_is_rejected() -> None:
+    """Version-1 envelopes (MAC without the namespace) are named and rejected, even when
+    their MAC is right; the probe's envelope check rejects them too."""
+    import hashlib
+    import hmac
+
+    head = b"RKVA" + bytes([1, 2, 2, 0]) + b"k1"
+    v1 = head + hmac.new(K1, head + bytes([len(BK)]) + BK + b"rec", hashlib.sha256).digest()
+    m = macs({"k1": K1}, "k1")
+    for check in (lambda: m.open(BK, v1 + b"rec"), lambda: m.record_offset(BK, v1)):
+        with pytest.raises(AuthenticationError, match="envelope version 1"):
+            check()
+    assert m.record_offset(BK, m.seal(BK, b"rec")[:50]) == 8 + 2 + 32
 
 
 def test_bad_keys_are_config_errors(monkeypatch: pytest.MonkeyPatch,
@@ -174,7 +207,7 @@ def test_engine_never_returns_an_unauthenticated_record(
         assert isinstance(t, RedisTier)
         k0 = chunk_keys(as_token_array(toks), SMALL.fingerprint(), 16)[0]
         redis_server.client().set(                    # type: ignore[attr-defined]
-            t.key(block_key(k0, 1)), MacKeys({"k1": os.urandom(32)}, "k1").seal(b"x", b"f"))
+            t.key(block_key(k0, 1)), macs({"k1": os.urandom(32)}, "k1").seal(b"x", b"f"))
         with pytest.raises(AuthenticationError):   # strict: the typed error itself
             e.get(toks, model=SMALL, strict=True)
 
@@ -193,5 +226,8 @@ def test_rotation_on_the_server(tmp_path: Path, redis_server: RedisServer,
         b.put(list(range(100, 120)), kv2, model=SMALL)
     with Engine.open(tmp_path / "c", old) as c:      # a node without k2 rejects them
         got = c.get(list(range(100, 120)), model=SMALL)
-        assert got.n_tokens == 0
-        assert any(isinstance(s.error, AuthenticationError) for s in got.blocks)
+        assert got.n_tokens == 0                     # the probe refused the key id
+        assert c.stats()["session"]["remote_probe_rejected"] >= 1
+        k0 = chunk_keys(as_token_array(list(range(100, 120))), SMALL.fingerprint(), 16)[0]
+        with pytest.raises(AuthenticationError, match="'k2'"):
+            c.tiers["remote"].get(block_key(k0, 0))

@@ -15,6 +15,7 @@ from redis_server import RedisServer, remote_config
 from rkvtest import SMALL, random_kv
 
 from rkv import Engine, EngineConfig
+from rkv.errors import StaleRecordError
 from rkv.keys import as_token_array, block_key, chunk_keys
 from rkv.tiers.redis_tier import RedisTier
 
@@ -91,6 +92,13 @@ def test_two_nodes_store_the_same_chunk(tmp_path: Path, redis_server: RedisServe
         d.put(list(range(40)), kv, model=SMALL)
         d._share.names = ["remote"]
         for e in (c, d):
+            # C's index holds its own write times, the server D's records: C may read them
+            # as another write of the block (StaleRecordError, a miss), forgets them, and
+            # its next probe adopts D's.
+            got = e.get(list(range(40)), model=SMALL)
+            np.testing.assert_array_equal(got.kv, kv[:, :, :got.n_tokens])
+            assert all(isinstance(b.error, StaleRecordError) for b in got.blocks
+                       if b.status != "ok")
             np.testing.assert_array_equal(e.get(list(range(40)), model=SMALL).kv, kv)
 
 
