@@ -367,20 +367,35 @@ def decode_record(
         arrs = [np.frombuffer(p, dtype=np.uint8) for p in (p0, p1, p2)]
         voted = _majority(*arrs).tobytes()
         candidates = list(dict.fromkeys([voted, p0, p1, p2]))
+    # Every candidate is tried before giving up: a bit flipped alike in two copies (a DRAM
+    # lane hitting copies 0 and 1, 8 bytes apart) outvotes the third in the vote, and only
+    # that intact copy still verifies a header. A candidate's unknown version or flags, or a
+    # header length that does not fit, rules out that candidate, not the record.
     found = None
     magic_seen = False
+    unknown: str | None = None
+    short: TruncatedRecordError | None = None
     for pre in candidates:
         if pre[:4] != MAGIC:
             continue
         magic_seen = True
-        if pre[4] not in READ_VERSIONS:
-            raise UnknownFormatError(f"record format version {pre[4]} is not supported")
-        if pre[5] != 0:
-            raise UnknownFormatError(f"record flags {pre[5]:#x} are not supported")
-        found = _find_header(view, pre, total)
+        if pre[4] not in READ_VERSIONS or pre[5] != 0:
+            unknown = unknown or (f"record format version {pre[4]} is not supported"
+                                  if pre[4] not in READ_VERSIONS
+                                  else f"record flags {pre[5]:#x} are not supported")
+            continue
+        try:
+            found = _find_header(view, pre, total)
+        except TruncatedRecordError as exc:
+            short = short or exc
+            continue
         if found is not None:
             break
     if found is None:
+        if short is not None:
+            raise short
+        if unknown is not None:
+            raise UnknownFormatError(unknown)
         if not magic_seen:
             raise CorruptRecordError("not an rkv record (bad magic)")
         raise CorruptRecordError("record header is corrupt in all copies")
@@ -413,12 +428,14 @@ def peek_header(prefix: Any) -> tuple[RecordHeader, int]:
     if view.nbytes < 2 * PRELUDE_BYTES:
         raise TruncatedRecordError("record is shorter than its preludes")
     p0, p1 = bytes(view[:PRELUDE_BYTES]), bytes(view[PRELUDE_BYTES:2 * PRELUDE_BYTES])
+    unknown = None
     for pre in dict.fromkeys((p0, p1)):
         if pre[:4] != MAGIC:
             continue
-        if pre[4] not in READ_VERSIONS or pre[5] != 0:
-            raise UnknownFormatError(f"record format version {pre[4]} flags {pre[5]:#x} are "
-                                     "not supported")
+        if pre[4] not in READ_VERSIONS or pre[5] != 0:   # this copy only: try the other
+            unknown = unknown or (f"record format version {pre[4]} flags {pre[5]:#x} are "
+                                  "not supported")
+            continue
         hlen = int.from_bytes(pre[6:8], "little")
         if hlen <= HEADER_CHECK_BYTES:
             continue
@@ -428,4 +445,6 @@ def peek_header(prefix: Any) -> tuple[RecordHeader, int]:
             if len(copy) == hlen and _header_copy(pre, copy[:-HEADER_CHECK_BYTES]) == copy:
                 header = RecordHeader.from_bytes(copy[:-HEADER_CHECK_BYTES], pre[4])
                 return header, payload_offset(hlen) + header.payload_len + hlen + PRELUDE_BYTES
+    if unknown is not None:
+        raise UnknownFormatError(unknown)
     raise CorruptRecordError("no verified record header in the record's first bytes")
