@@ -142,15 +142,10 @@ def get_model(spec: str | Mapping[str, Any] | FaultModel) -> FaultModel:
 
 def load(path: str | Path) -> FaultModel:
     """A model from a TOML file (the preset format; a ``preset = "name"`` key is allowed)."""
-    p = Path(path)
-    try:
-        with p.open("rb") as f:
-            d = tomllib.load(f)
-    except OSError as e:
-        raise FaultModelError(f"cannot read fault model file {str(p)!r}: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FaultModelError(f"{str(p)!r} is not valid TOML: {e}") from None
-    return get_model(d)
+    from .files import MAX_TOML_BYTES, load_toml, read_text
+
+    text = read_text(path, "fault model file", limit=MAX_TOML_BYTES)
+    return get_model(load_toml(text, f"fault model file {path}"))
 
 
 def dump(model: FaultModel, path: str | Path) -> None:

@@ -213,12 +213,13 @@ def parse_profile(data: bytes | str, where: str = "profile") -> Profile:
 
 
 def read_profile(path: str | Path) -> Profile:
+    from rkv.inputs import read_bytes
+
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            data = f.read(MAX_PROFILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read profile {p}: {exc.strerror or exc}") from None
+        data = read_bytes(p, "profile", limit=MAX_PROFILE_BYTES)
+    except ConfigError as exc:
+        raise ConfigError(f"cannot read {exc}") from None
     return parse_profile(data, str(p))
 
 
@@ -285,7 +286,9 @@ def calibrate(n_windows: int = 24, *, cache: str | Path | None = None,
     done: dict[int, dict[str, Any]] = {}
     cpath = Path(cache) if cache else None
     if cpath is not None and cpath.exists():
-        lines = cpath.read_text().splitlines()
+        from rkv.inputs import MAX_RESULTS_BYTES, read_text
+
+        lines = read_text(cpath, "calibration cache", limit=MAX_RESULTS_BYTES).splitlines()
         try:
             if lines and json.loads(lines[0]) == header:
                 for line in lines[1:]:

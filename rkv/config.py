@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +21,10 @@ from rkv.errors import ConfigError
 
 GiB = 1 << 30
 MiB = 1 << 20
+#: Largest tier capacity (1 PiB) and LMDB map (4 PiB) a config may ask for: beyond any
+#: machine's address space, and small enough that every size sum stays within 64 bits.
+MAX_TIER_BYTES = 1 << 50
+MAX_MAP_BYTES = 1 << 52
 
 Medium = Literal["memory", "disk"]
 OnFull = Literal["evict", "error"]
@@ -109,8 +112,8 @@ class TierConfig:
             raise ConfigError(f"tier {self.name}: {exc}") from exc
         one_of(self.medium, ("memory", "disk"), t + "medium")
         as_str(self.path, t + "path")
-        as_int(self.capacity_bytes, t + "capacity_bytes", lo=1)
-        as_int(self.map_bytes, t + "map_bytes", lo=0)
+        as_int(self.capacity_bytes, t + "capacity_bytes", lo=1, hi=MAX_TIER_BYTES)
+        as_int(self.map_bytes, t + "map_bytes", lo=0, hi=MAX_MAP_BYTES)
         if 0 < self.map_bytes < self.capacity_bytes:
             raise ConfigError(f"tier {self.name}: map_bytes must be 0 (automatic) or at least "
                               f"capacity_bytes, got {self.map_bytes!r}")
@@ -292,16 +295,16 @@ class EngineConfig:
 
 
 def parse_toml(text: str, what: str = "") -> dict[str, Any]:
-    """A TOML document as a dict; bad TOML is a ConfigError (``what`` prefixes it)."""
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{what}invalid TOML: {exc}") from exc
+    """A TOML document as a dict; bad or too deeply nested TOML is a ConfigError (``what``
+    prefixes it)."""
+    from rkv.inputs import load_toml
+
+    return load_toml(text, what.rstrip(": "))
 
 
 def read_text(path: str | Path, what: str = "") -> str:
-    """A config file's text; an unreadable file is a ConfigError."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what}cannot read config {path}: {exc}") from exc
+    """A config file's text (a regular file of at most 1 MiB: :mod:`rkv.inputs`); anything
+    else is a ConfigError."""
+    from rkv.inputs import read_text as read
+
+    return read(path, f"{what}config")

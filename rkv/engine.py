@@ -52,6 +52,7 @@ from rkv.store import (
     Identity,
     identify,
     memory_dir,
+    refresh_marker,
     resolve_config,
     resolve_tier_path,
     store_id_at,
@@ -142,8 +143,9 @@ class Engine:
                 exists = index.check_format(txn)
                 config = resolve_config(index, txn, config, root) if exists else config
                 stored_identity = index.meta_or_none(txn, "store") if exists else None
-            if not exists and readonly:
-                raise StoreError(f"{root} is not an rkv store (empty index)")
+            if not exists and (readonly or not create):
+                raise StoreError(f"{root} is not an rkv store (its index has no rkv format "
+                                 "entry)")
             config = config or apply_env(None) or EngineConfig()   # RKV_* settings
             if config.index_sync:          # the stored config may ask for it too
                 index.env.force_sync = True
@@ -173,6 +175,7 @@ class Engine:
 
                 drop = frozenset(drop_tiers)
                 engine._mutate(lambda txn, pending: reconcile(engine, txn, pending, drop))
+                refresh_marker(root, identity)
                 if config.scrub:     # the background patrol scrubber (docs/scrub.md)
                     from rkv.scrub import start_background
 

@@ -11,7 +11,9 @@ deployment without editing code or TOML:
   ``RKV_TIER_DRAM_CAPACITY_BYTES=4GiB``.
 
 Values are parsed by the field's type (ints accept ``KiB``..``TiB`` and ``KB``..``TB``
-suffixes, bools ``1/0/true/false/yes/no/on/off``). A value that does not parse, a tier that
+suffixes and are computed exactly, bools ``1/0/true/false/yes/no/on/off``; a value is at most
+64 Ki characters, ``RKV_CONFIG`` is read as any config file is: :mod:`rkv.inputs`). A value
+that does not parse or is out of its field's range, a tier that
 does not exist or a field that is not one is a :class:`~rkv.errors.ConfigError` naming the
 variable: a typo never passes silently. ``RKV_`` names that are not settings (such as a
 credential variable a config names) are left alone.
@@ -22,14 +24,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, fields, replace
 from typing import Any
 
 from rkv.config import EngineConfig, TierConfig
 from rkv.errors import ConfigError
-from rkv.ui.sizes import UNITS
+from rkv.ui.sizes import UNITS, scale
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,11 @@ PREFIX = "RKV_"
 CONFIG_VAR = "RKV_CONFIG"
 TIER_PREFIX = "RKV_TIER_"
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+# Bounded digit counts: Fraction and int() of a megabyte of digits would take seconds.
+_SIZE = re.compile(r"^\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*$")
+#: Longest value a setting variable may have (an inline table of a [scrub] config is
+#: under 200 bytes; Linux caps one environment string at 128 KiB).
+MAX_VALUE_CHARS = 64 << 10
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -52,6 +57,9 @@ def _default(f: Field[Any]) -> Any:
 
 def _parse(var: str, raw: str, example: Any) -> Any:
     """``raw`` as a value of ``example``'s type (the field's default)."""
+    if len(raw) > MAX_VALUE_CHARS:
+        raise ConfigError(f"{var}: a value of {len(raw)} characters (at most "
+                          f"{MAX_VALUE_CHARS})")
     text = raw.strip()
     if isinstance(example, bool):
         if text.lower() in _TRUE:
@@ -62,24 +70,31 @@ def _parse(var: str, raw: str, example: Any) -> Any:
     if isinstance(example, int):
         m = _SIZE.match(text)
         if m is None or m.group(2).lower() not in UNITS:
-            raise ConfigError(f"{var}={raw!r}: expected an integer (sizes may end in KiB, MiB, "
-                              "GiB, TiB, KB, MB, GB, TB)")
-        value = float(m.group(1)) * UNITS[m.group(2).lower()]
-        if value != int(value):
+            raise ConfigError(f"{var}={_show(raw)}: expected an integer (sizes may end in "
+                              "KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
+        value = scale(m.group(1), m.group(2), var)
+        if value.denominator != 1:
             raise ConfigError(f"{var}={raw!r}: not a whole number")
         return int(value)
     if isinstance(example, float):
         try:
             return float(text)
         except ValueError:
-            raise ConfigError(f"{var}={raw!r}: expected a number") from None
+            raise ConfigError(f"{var}={_show(raw)}: expected a number") from None
     if isinstance(example, dict):
+        from rkv.inputs import load_toml
+
         try:
-            return tomllib.loads(f"v = {text}")["v"] if text else {}
-        except tomllib.TOMLDecodeError as exc:
+            return load_toml(f"v = {text}", var)["v"] if text else {}
+        except ConfigError as exc:
             raise ConfigError(f"{var}: expected a TOML inline table such as "
                               f"'{{enabled = true}}': {exc}") from None
     return raw
+
+
+def _show(raw: str) -> str:
+    """``raw`` quoted for a message, cut short: a value may be 128 KiB long."""
+    return repr(raw) if len(raw) <= 60 else repr(raw[:57]) + "..."
 
 
 def _fields(cls: type) -> dict[str, Field[Any]]:
@@ -132,8 +147,9 @@ def apply_env(config: EngineConfig | None,
                               f"{sorted(k.lower() for k in tier_fields if k != 'NAME')})")
         f = tier_fields[key]
         i = by_name[name]
+        value = _parse(var, raw, _default(f))      # its errors name the variable already
         try:
-            tiers[i] = replace(tiers[i], **{f.name: _parse(var, raw, _default(f))})
+            tiers[i] = replace(tiers[i], **{f.name: value})
         except ConfigError as exc:
             raise ConfigError(f"{var}: {exc}") from exc
     changes["tiers"] = tuple(tiers)

@@ -34,7 +34,7 @@ from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Re
 from policies.belady import Belady, InfiniteCache, next_use_positions
 from rkv.errors import ConfigError, InputError
 from rkv.traces import Request
-from rkv.ui.sizes import UNITS
+from rkv.ui.sizes import UNITS, scale
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -135,7 +135,8 @@ def prepare(requests: Iterable[Request], cost: CostModel = CostModel()) -> Trace
 
 
 # -- capacities ------------------------------------------------------------------------------------
-_CAP = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(%|[A-Za-z]*)\s*$")
+# Digit counts are bounded: the exact arithmetic of parse_capacity stays cheap.
+_CAP = re.compile(r"^\s*([0-9]{0,30}\.?[0-9]{1,30}(?:[eE][+-]?[0-9]{1,3})?)\s*(%|[A-Za-z]*)\s*$")
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def parse_capacity(text: str) -> Capacity:
     if unit == "%":
         value /= 100
     elif unit or value > 1:
-        nbytes = int(value * UNITS[unit])
+        nbytes = int(scale(m.group(1), unit, f"capacity {text!r}"))   # exact, at most 8 EiB
         if nbytes < 1:
             raise ConfigError(f"capacity {text!r} is less than one byte")
         return Capacity(str(text), nbytes=nbytes)
@@ -305,6 +306,11 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
         protected: set[Hashable] | _Either = set()
         if lookahead:
             protected = _Either(set(), queued)
+        # Within a request the protected set only grows and every block that enters the
+        # cache is protected, so once ``need`` bytes could not be freed, no larger need can
+        # be until the next request: skip asking (each ask walks the whole cache, which
+        # made one request of n blocks cost n^2).
+        futile = math.inf
         first_miss = -1
         rhits = 0
         for i in range(s, e):
@@ -326,8 +332,9 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
                     if admission is not None and not admission.admit(item, i):
                         protected.add(key)
                         continue
-                    out = victims(need, protected)
+                    out = victims(need, protected) if need < futile else None
                     if out is None:
+                        futile = min(futile, need)
                         protected.add(key)
                         continue
                     for v in out:

@@ -39,6 +39,7 @@ number equals :func:`simulate`'s (tested).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Container, Hashable, Sequence
@@ -114,14 +115,25 @@ class _Cascade:
         (self.written, self.demoted_in, self.promoted_in, self.prefetched_in, self.demoted_out,
          self.promoted_out, self.prefetched_out, self.evicted) = self.count.values()
         self.evictions = 0
+        #: Per tier, the smallest need its policy could not meet since :meth:`forget`:
+        #: while the protected set only grows and nothing unprotected enters the tier, no
+        #: larger need can be met either, and asking again would walk the whole tier.
+        self.futile = [math.inf] * self.n
+
+    def forget(self) -> None:
+        """The protected set shrank (a new request): every tier may free more again."""
+        self.futile = [math.inf] * self.n
 
     def ask(self, t: int, need: int, protected: Container[Hashable]
             ) -> tuple[list[Item], int] | None:
         """Tier ``t``'s victims for ``need`` bytes (> 0) and the bytes they free, checked:
         none protected or elsewhere, and enough bytes. ``None``: the policy cannot."""
+        if need >= self.futile[t]:
+            return None
         pol = self.pols[t]
         out = pol.victims(need, protected)
         if out is None:
+            self.futile[t] = need
             return None
         where, item, freed = self.where, pol.item, 0
         found = []
@@ -166,6 +178,7 @@ class _Cascade:
             insert(it, now)
             where[it.key] = nxt
         self.demoted_in[nxt] += size
+        self.futile[nxt] = math.inf          # unprotected blocks entered the tier below
 
     def place(self, item: Item, protected: Container[Hashable], now: float, start: int = 0
               ) -> None:
@@ -305,12 +318,14 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
                 joining = refs[starts[r + lookahead]:starts[r + lookahead + 1]]
                 pins.add_all(joining)
                 cands.extend(joining)
+            c.forget()                          # request r - 1's blocks left the pins
             if budget and cands:                # request r's own blocks are not prefetched
                 c.prefetch(cands, pins, set(refs[s:e]), budget, s, prefetcher)
             pins.drop_all(refs[s:e])            # request r leaves the queue
             protected = pins
         else:
             protected = set()
+        c.forget()
         add = protected.add
         first_miss = -1
         for i in range(s, e):

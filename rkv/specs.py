@@ -67,9 +67,16 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def strict_json(text: str | bytes) -> Any:
-    """``json.loads`` that refuses NaN/Infinity and repeated keys (``ValueError``, as for any
-    other malformed JSON; ``RecursionError`` for absurd nesting): for files rkv reads from
-    users and disks, where a second value for a key must not silently win."""
+    """``json.loads`` that refuses NaN/Infinity, repeated keys and nesting deeper than
+    :data:`faultmodels.files.MAX_NESTING` (``ValueError``, as for any other malformed JSON;
+    bytes must be UTF-8): for files rkv reads from users and disks, where a second value for
+    a key must not silently win and a hostile document must not exhaust the stack."""
+    from faultmodels.files import MAX_NESTING, nesting
+
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode("utf-8")
+    if nesting(text, "json") > MAX_NESTING:
+        raise ValueError(f"the JSON is nested deeper than {MAX_NESTING} levels")
     return json.loads(text, parse_constant=_no_constants, object_pairs_hook=_no_duplicates)
 
 

@@ -1,8 +1,9 @@
 """Request traces for policy replay: the Mooncake trace format and rkv's own access log.
 
 Both are JSON Lines, one request per line, read lazily. Every problem with a file (missing,
-unreadable, not JSON, a field of the wrong type or sign, a line over 16 MiB) raises
-:class:`~rkv.errors.InputError` naming the file and the line; nothing else escapes.
+unreadable, not a regular file, not JSON, a field of the wrong type or sign, a line over
+16 MiB) raises :class:`~rkv.errors.InputError` naming the file and the line; nothing else
+escapes.
 
 * ``mooncake``: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
   "hash_ids": [int, ...]}``; each hash id is one 512-token block of the prompt, chained as a
@@ -28,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from rkv.errors import InputError
+from rkv.inputs import MAX_LINE_BYTES, open_regular  # the longest line a reader accepts
 
-#: Longest line a reader accepts.
-MAX_LINE_BYTES = 16 << 20
 #: Tokens per hash id in the Mooncake traces.
 MOONCAKE_BLOCK_TOKENS = 512
 #: Default tokens per chunk of an access log (the engine's default ``chunk_tokens``).
@@ -65,10 +65,7 @@ class _Bad(Exception):
 def _lines(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed JSON object) for every non-blank line of ``path``."""
     p = Path(path)
-    try:
-        f = p.open("rb")
-    except OSError as exc:
-        raise InputError(f"{what} {p}: cannot open: {exc.strerror or exc}") from exc
+    f = open_regular(p, what, error=InputError)     # /dev/zero, a FIFO: refused at once
     with f:
         lineno = 0
         while True:

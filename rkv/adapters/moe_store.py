@@ -248,12 +248,15 @@ def write_manifest(root: Path, body: dict[str, Any]) -> None:
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
+    from rkv.inputs import MAX_DOC_BYTES, read_bytes
+
     path = root / MANIFEST
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise StoreError(f"no rkv expert store at {root} (no {MANIFEST})") from exc
-    except (OSError, ValueError) as exc:
+    if not path.exists():
+        raise StoreError(f"no rkv expert store at {root} (no {MANIFEST})")
+    try:   # a regular file of at most 4 MiB (a manifest is a few KiB)
+        doc = json.loads(read_bytes(path, "expert store manifest", limit=MAX_DOC_BYTES,
+                                    error=CorruptStoreError))
+    except ValueError as exc:
         raise CorruptStoreError(f"{path} is unreadable: {exc}") from exc
     text = doc.get("body") if isinstance(doc, dict) else None
     if not isinstance(text, str) or xxhash.xxh3_64_hexdigest(text.encode()) != doc.get("seal"):

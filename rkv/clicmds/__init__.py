@@ -82,12 +82,14 @@ def check_writable(path: str | None, option: str) -> None:
 
 
 def load_engine_config(path: str, option: str = "--config") -> Any:
-    """The EngineConfig in a TOML file; a problem is a ConfigError naming the option and
-    file."""
+    """The EngineConfig in a TOML file (a regular file of at most 1 MiB: :mod:`rkv.inputs`);
+    a problem is a ConfigError naming the option and file."""
     from rkv.config import EngineConfig
+    from rkv.inputs import read_text
 
+    text = read_text(path, option)
     try:
-        return EngineConfig.load(path)
+        return EngineConfig.from_toml(text)
     except ConfigError as exc:
         raise ConfigError(f"{option} {path}: {exc}") from None
 

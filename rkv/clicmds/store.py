@@ -61,8 +61,12 @@ def cmd_init(args: Any) -> int:
         return 0
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise StoreError(f"{root} exists and is not an rkv store; nothing was created")
+    from rkv.placement.engine_plans import check_plannable
+    from rkv.store import undo_on_failure
+
+    check_plannable(wanted)          # what `rkv plan` would refuse: before anything exists
     log.info("creating %s", root)
-    with Engine.open(root, wanted, create=True) as engine:
+    with undo_on_failure(root, wanted), Engine.open(root, wanted, create=True) as engine:
         cfg = engine.config
     _print_created(root, cfg, args.json, existed=False)
     return 0
@@ -216,11 +220,12 @@ def migrate_cmd(path: str) -> int:
 @click.argument("path", type=STORE_PATH)
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 def destroy_cmd(path: str, yes: bool) -> int:
-    """Delete a store and its tier files kept outside it (asks first on a terminal)."""
+    """Delete a store and its tier files kept outside it (asks first on a terminal). A
+    directory that does not carry an rkv store's marker or index is refused (exit 2)."""
     from rkv.engine import Engine
+    from rkv.store import check_store
 
-    if not (Path(path).expanduser() / "index").is_dir():
-        raise InputError(f"{path} is not an rkv store (no index); nothing was destroyed")
+    check_store(Path(path).expanduser())
     if not yes:
         if not sys.stdin.isatty():
             raise InputError(f"refusing to destroy {path} without --yes "

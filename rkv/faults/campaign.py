@@ -30,7 +30,6 @@ import math
 import shutil
 import tempfile
 import time
-import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -201,10 +200,9 @@ class CampaignConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> CampaignConfig:
-        try:
-            return cls.from_dict(tomllib.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read campaign config {path}: {exc}") from exc
+        from rkv.inputs import read_toml
+
+        return cls.from_dict(read_toml(path, "campaign config"))
 
 
 @dataclass

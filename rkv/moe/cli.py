@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -96,10 +95,9 @@ def _read_text(args: Any) -> str | None:
         raise InputError("--topics must be positive")
     if args.text is None:
         return None
-    try:
-        return Path(args.text).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{args.text}: cannot read text: {exc}") from exc
+    from rkv.inputs import MAX_TEXT_BYTES, read_text
+
+    return read_text(args.text, "--text", limit=MAX_TEXT_BYTES, error=InputError)
 
 
 def _windows(args: Any, text: str | None, tok: Any) -> list[list[int]]:

@@ -157,17 +157,9 @@ class ExpertProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> ExpertProfile:
-        from rkv.specs import strict_json
+        from rkv.inputs import read_json
 
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"expert profile: cannot read {path}: {exc}") from exc
-        try:
-            doc = strict_json(text)
-        except (ValueError, RecursionError) as exc:
-            raise ConfigError(f"expert profile: {path} is not valid JSON: {exc}") from exc
-        return cls.from_dict(doc)
+        return cls.from_dict(read_json(path, "expert profile"))
 
 
 # -- measuring ---------------------------------------------------------------------------------

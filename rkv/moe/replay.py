@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from policies.base import EvictionPolicy, Item, PolicyError, PrefetchPolicy, Reason
 from policies.belady import Belady, next_use_positions
+from policies.prefetch import CoOccurrence, QueueOrder, ShallowFirst
 from rkv.errors import ConfigError
 from rkv.moe.replay_trace import FORMAT, MoETrace, read_trace
 
@@ -198,6 +199,18 @@ def _prefetcher(spec: str) -> PrefetchPolicy | None:
     return make_prefetch("queue" if spec == HINTS else spec)
 
 
+def _uncached(ids: Iterable[int], layer: int, cached: set[Hashable], most: int | None
+              ) -> list[int]:
+    """The experts of ``ids`` not cached in ``layer``, in order (at most ``most``)."""
+    out = []
+    for e in ids:
+        if (layer, e) not in cached:
+            out.append(e)
+            if most is not None and len(out) >= most:
+                break
+    return out
+
+
 def simulate(trace: MoETrace, policy: str, experts: int, *, per_layer: bool = True,
              prefetch: str = NONE, width: int | None = None, source: Source = Source(),
              compute: float = DEFAULT_COMPUTE, budget_text: str = "") -> MoEResult:
@@ -219,9 +232,31 @@ def simulate(trace: MoETrace, policy: str, experts: int, *, per_layer: bool = Tr
     cap_bytes = [c * size for c in caps]
     pf = _prefetcher(prefetch)
     miss = source.load(size)
-    items: dict[Hashable, Item] = {(j, e): Item((j, e), size=size, group=j, depth=j,
-                                                miss_cost=miss)
-                                   for j in range(nl) for e in range(ne)}
+
+    items: dict[Hashable, Item] = {}
+
+    def item_of(layer: int, e: int) -> Item:
+        """Expert ``e`` of ``layer``'s Item, made on first use: never one per declared
+        expert up front (a header may declare far more experts than any token uses)."""
+        key = (layer, e)
+        it = items.get(key)
+        if it is None:
+            it = items[key] = Item(key, size=size, group=layer, depth=layer, miss_cost=miss)
+        return it
+
+    # A co-occurrence prefetcher ranks only experts it has seen accessed (the others have
+    # probability 0): its candidates are the layer's routed experts, in expert order, the
+    # same ranking as over all experts at a fraction of the cost. Queue order (and shallow
+    # first, every candidate of a layer being equally deep) takes the first ``width``
+    # uncached experts: the walk over the layer's experts stops there. Others see them all.
+    in_order = isinstance(pf, QueueOrder | ShallowFirst)
+    cands_of: list[list[int]] | None = None
+    if isinstance(pf, CoOccurrence):
+        seen: list[set[int]] = [set() for _ in range(nl)]
+        for route in trace.routes:
+            for layer, chosen in enumerate(route):
+                seen[layer].update(chosen)
+        cands_of = [sorted(ids) for ids in seen]
     cached: set[Hashable] = set()
     unused: set[Hashable] = set()        # prefetched, not yet hit
     counts = {"hits": 0, "demand": 0, "prefetched": 0, "used": 0, "evictions": 0}
@@ -280,7 +315,7 @@ def simulate(trace: MoETrace, policy: str, experts: int, *, per_layer: bool = Tr
                 else:
                     hit = False
                     nmiss += 1
-                    item = items[key]
+                    item = item_of(layer, e)
                     pol.on_access(key, False, pos, item)
                     if make_room(pol, cap, protected):
                         pol.on_insert(item, pos)
@@ -301,9 +336,11 @@ def simulate(trace: MoETrace, policy: str, experts: int, *, per_layer: bool = Tr
             nxt, nt = (layer + 1, t) if layer + 1 < nl else (0, t + 1)
             if prefetch == HINTS:
                 assert trace.hints is not None
-                cands = [items[nxt, e] for e in trace.hints[nt][nxt]]
+                cands = [item_of(nxt, e) for e in trace.hints[nt][nxt]]
             else:
-                cands = [items[nxt, e] for e in range(ne)]
+                ids = range(ne) if cands_of is None else cands_of[nxt]
+                cands = [item_of(nxt, e) for e in _uncached(ids, nxt, cached,
+                                                            width if in_order else None)]
             cands = [it for it in cands if it.key not in cached]
             c = nxt if per_layer else 0
             tpol, tcap = pols[c], cap_bytes[c]

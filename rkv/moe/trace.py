@@ -16,7 +16,10 @@ the model's speculative router predicted for that layer before its router ran (i
 the previous layer; any number of ids, ``[]`` when none, e.g. for layer 0).
 
 Unknown keys, duplicate keys, booleans for numbers, NaN or infinity, blank lines and bad
-UTF-8 are errors. :func:`read_moe_trace` raises
+UTF-8 are errors, and so are a header beyond :data:`MAX_LAYERS` layers, :data:`MAX_EXPERTS`
+experts per layer or :data:`MAX_EXPERT_BYTES` bytes per expert, a line over
+:data:`rkv.inputs.MAX_LINE_BYTES`, and a path that is not a regular file (``/dev/zero``, a
+FIFO). :func:`read_moe_trace` raises
 :class:`~rkv.errors.InputError` naming the file and line for any problem (nothing else
 escapes, I/O errors included); :class:`MoETraceWriter` validates what it writes.
 """
@@ -40,6 +43,11 @@ FORMAT = "rkv-moe-trace"
 VERSION = 1
 HEADER_KEYS = ("format", "version", "model", "fingerprint", "layers", "experts", "top_k",
                "expert_bytes")
+#: Header maxima: far above any MoE model (DeepSeek-V3: 61 layers of 256 experts; a
+#: million-expert PEER layer is 2^20), low enough that what a reader sizes by them stays small.
+MAX_LAYERS = 1 << 12
+MAX_EXPERTS = 1 << 20
+MAX_EXPERT_BYTES = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -94,16 +102,19 @@ def header_from_json(obj: Any) -> TraceHeader:
     fp = obj["fingerprint"]
     if not isinstance(fp, str) or not fp or any(c not in "0123456789abcdef" for c in fp):
         raise ValueError("fingerprint must be lowercase hex")
-    for k in ("layers", "experts", "top_k"):
-        if not _int(obj[k]) or obj[k] < 1:
-            raise ValueError(f"{k} must be a positive integer, got {obj[k]!r}")
+    for k, hi in (("layers", MAX_LAYERS), ("experts", MAX_EXPERTS), ("top_k", MAX_EXPERTS),
+                  ("expert_bytes", MAX_EXPERT_BYTES)):
+        if not _int(obj[k]) or not 1 <= obj[k] <= hi:
+            raise ValueError(f"{k} must be an integer in [1, {hi}], got {_short(obj[k])}")
     if obj["top_k"] > obj["experts"]:
         raise ValueError(f"top_k {obj['top_k']} exceeds experts {obj['experts']}")
-    if not _int(obj["expert_bytes"]) or obj["expert_bytes"] < 1:
-        raise ValueError(f"expert_bytes must be a positive integer, got "
-                         f"{obj['expert_bytes']!r}")
     return TraceHeader(obj["model"], fp, obj["layers"], obj["experts"], obj["top_k"],
                        obj["expert_bytes"])
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def route_from_json(obj: Any, h: TraceHeader, t: int) -> TokenRoute:
@@ -160,21 +171,23 @@ def _rows(v: Any, h: TraceHeader, name: str, exact: bool = True
 
 # -- reading -----------------------------------------------------------------------------
 def _lines(path: Path) -> Generator[tuple[int, str], None, None]:
-    """(line number, text without the newline); InputError for I/O and UTF-8 errors."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open MoE trace: {exc.strerror or exc}") from exc
+    """(line number, text without the newline); InputError for I/O and UTF-8 errors, lines
+    over MAX_LINE_BYTES, and a path that is not a regular file."""
+    from rkv.inputs import MAX_LINE_BYTES, open_regular
+
+    f = open_regular(path, "MoE trace", error=InputError)
     with f:
         n = 0
         while True:
             n += 1
             try:
-                raw = f.readline()
+                raw = f.readline(MAX_LINE_BYTES + 1)
             except OSError as exc:
                 raise InputError(f"{path}:{n}: read error: {exc}") from exc
             if not raw:
                 return
+            if len(raw) > MAX_LINE_BYTES:
+                raise InputError(f"{path}:{n}: line longer than {MAX_LINE_BYTES >> 20} MiB")
             try:
                 text = raw.decode("utf-8", errors="strict")
             except UnicodeDecodeError as exc:

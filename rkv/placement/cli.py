@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 @command("plan")
 @click.option("--model", default="smollm2-135m",
               help="'smollm2-135m', or a JSON file with a ModelSpec")
-@click.option("--tokens", type=click.IntRange(min=1), default=1024, help="tokens in the put")
+@click.option("--tokens", type=click.IntRange(min=1, max=1 << 20), default=1024,
+              help="tokens in the put (at most 1 Mi: a plan is linear in them, about 90 s "
+                   "for 1 Mi)")
 @click.option("--config", type=IN_FILE, default=None,
               help="engine config TOML with a [placement] table  [default: the default tiers "
                    "and placement defaults]")
@@ -47,10 +49,13 @@ def _model(name: str) -> Any:
     if not path.exists():
         raise ConfigError(f"--model: no model {name!r} (use 'smollm2-135m' or a JSON file "
                           "with a ModelSpec)")
+    from rkv.inputs import read_json
+
+    doc = read_json(path, "--model")
     try:
-        return ModelSpec.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--model: cannot read {name}: {exc}") from exc
+        return ModelSpec.from_dict(doc)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"--model {name}: not a model spec: {exc}") from exc
 
 
 def cmd_plan(args: Any) -> int:

@@ -80,15 +80,33 @@ def quant_spec(bits: int) -> str:
     return "none" if bits >= 16 else f"kivi(bits={bits})"
 
 
-def load_profile(cfg: PlacementConfig, spec: ModelSpec) -> QualityProfile | None:
-    """The quality profile a put of ``spec`` is planned with (None: lossless only)."""
+def load_profile(cfg: PlacementConfig, spec: ModelSpec | None) -> QualityProfile | None:
+    """The quality profile a put of ``spec`` is planned with (None: lossless only; without
+    ``spec`` only a named profile is loaded)."""
     if cfg.profile:
         from pathlib import Path
 
         if Path(cfg.profile).exists():
             return QualityProfile.load(cfg.profile)
         return _shipped(cfg.profile)
-    return _shipped(spec.fingerprint().hex(), quiet=True)
+    return None if spec is None else _shipped(spec.fingerprint().hex(), quiet=True)
+
+
+def check_plannable(config: EngineConfig) -> None:
+    """Raise :class:`ConfigError` for what planning with ``config`` would refuse later
+    (``rkv init`` runs it before it makes a store, so a store is never created with a config
+    that ``rkv plan`` rejects): every tier's fault model, the ``[placement]`` table and the
+    quality profile it names."""
+    import faultmodels
+
+    for t in config.tiers:
+        try:
+            faultmodels.get_model(t.fault_model)
+        except (ValueError, TypeError, KeyError) as exc:   # FaultModelError is a ValueError
+            raise ConfigError(f"tier {t.name}: fault_model {t.fault_model!r}: {exc}"
+                              ) from None
+    if config.placement:
+        load_profile(PlacementConfig.from_dict(config.placement), None)
 
 
 def _shipped(name: str, quiet: bool = False) -> QualityProfile | None:

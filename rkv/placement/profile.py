@@ -9,7 +9,6 @@ Accepted forms: a mapping ``{(layer, "k"|"v", bits): kl}``, a callable
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -44,11 +43,14 @@ class QualityProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> QualityProfile:
-        """Read the JSON profile ``rkv calibrate`` writes."""
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"quality profile: cannot read {path}: {exc}") from exc
+        """Read the JSON profile ``rkv calibrate`` writes (a regular file of at most 4 MiB,
+        strict JSON: :func:`rkv.inputs.read_json`)."""
+        from rkv.inputs import read_json
+
+        doc = read_json(path, "quality profile")
+        if not isinstance(doc, dict):
+            raise ConfigError(f"quality profile {path}: expected a JSON object, got "
+                              f"{type(doc).__name__}")
         return cls(doc)
 
     def kl(self, layer: int, kind: str, bits: int) -> float:

@@ -65,8 +65,11 @@ class ResultsFile:
         self.lines: dict[str, int] = {}
         self.conflicts: list[int] = []
         self.torn_line: int | None = None
-        if self.path.exists():
-            good_end = self._load(self.path.read_bytes())
+        if self.path.exists():     # a regular file of at most 1 GiB, else an InputError
+            from rkv.inputs import MAX_RESULTS_BYTES, read_bytes
+
+            good_end = self._load(read_bytes(self.path, "results file",
+                                             limit=MAX_RESULTS_BYTES, error=InputError))
             if self.torn_line is not None and repair:
                 self._truncate(good_end)
 

@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import tomllib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -41,6 +41,10 @@ TEXTS = ("topics", "docs")
 RULE_KEYS = ("tier", "preset", "params", "ber_multiplier", "hours", "bits", "code", "layout",
              "placement", "seed")
 BUILTIN = ("default",)          # sweep files shipped in the package (rkv/sweep/NAME.toml)
+#: Most cells a sweep may expand to (before its rules filter them): every cell is a campaign
+#: and a quality run, minutes each; the shipped sweep has 36. A product of long axes is
+#: refused before it is built.
+MAX_CELLS = 100_000
 
 Scalar = bool | int | float | str
 
@@ -297,9 +301,15 @@ def _param_axes(f: SweepFile, presets: list[str]) -> dict[str, list[dict[str, Sc
                 except (ValueError, TypeError, KeyError) as exc:
                     raise ConfigError(f"params.{preset}.{k}: {exc}") from exc
             values.append(vals)
+        _check_count(math.prod(len(v) for v in values), f"params.{preset}")
         out[preset] = [dict(zip(names, combo, strict=True))
                        for combo in itertools.product(*values)]
     return out
+
+
+def _check_count(n: int, what: str) -> None:
+    if n > MAX_CELLS:
+        raise ConfigError(f"{what}: the axes expand to {n} cells (at most {MAX_CELLS})")
 
 
 def _settings(f: SweepFile, metrics: Sequence[str]) -> dict[str, Any]:
@@ -357,7 +367,11 @@ def expand(f: SweepFile, source: str = "<sweep>") -> list[dict[str, Any]]:
             _check_preset(name, f"axes.preset[{i}]")
         pairs = ([(tier_of(p), p) for p in ax.preset] if ax.tier is None
                  else [(t, p) for t in ax.tier for p in ax.preset])
+    grid = math.prod((len(pairs), len(placements), len(ax.layout), len(ax.bits), len(ax.code),
+                      len(ax.ber_multiplier), len(ax.hours), len(f.sweep.seeds)))
+    _check_count(grid, "axes")
     params = _param_axes(f, list(dict.fromkeys(p for _, p in pairs)))
+    _check_count(grid * max((len(v) for v in params.values()), default=1), "axes and params")
     metrics = [m for m in METRICS if m in f.sweep.metrics]
     settings = _settings(f, metrics)
     cells: list[dict[str, Any]] = []
@@ -469,11 +483,9 @@ def load_sweep(path: str | Path) -> Sweep:
     p = Path(path)
     if not p.exists() and str(path) in BUILTIN:
         p = builtin_path(str(path))
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read sweep file {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    from rkv.inputs import load_toml, read_text
+
+    text = read_text(p, "cannot read sweep file")   # a regular file of at most 1 MiB
+    data = load_toml(text, f"sweep file {path}")
     return parse_sweep(data, str(path), p.parent if p.parent != builtin_path("x").parent
                        else None)

@@ -17,7 +17,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from rkv.checks import as_bool, as_float, as_int, as_str, as_table, check_keys, one_of
 from rkv.errors import ConfigError
+from rkv.inputs import read_text
 
+#: A secret file holds one key or password: far under this.
+MAX_SECRET_BYTES = 64 << 10
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 _SOURCE = re.compile(r"(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)")
@@ -61,10 +64,10 @@ def read_secret(source: str, what: str) -> str:
         if value is None:
             raise ConfigError(f"{what}: environment variable {name} is not set")
         return value
-    try:
-        return Path(name).expanduser().read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what}: cannot read {name}: {type(exc).__name__}") from exc
+    # Bounded and never blocking (a FIFO, /dev/zero); the message names the file, never
+    # its content.
+    return read_text(Path(name).expanduser(), f"{what}: secret file", limit=MAX_SECRET_BYTES,
+                     error=ConfigError).strip()
 
 
 def mac_key(source: str, what: str) -> bytes:

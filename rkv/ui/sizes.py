@@ -1,8 +1,9 @@
-"""Byte sizes for people: ``1536`` -> ``"1.5 KiB"``."""
+"""Byte sizes for people: ``1536`` -> ``"1.5 KiB"``, and back: ``"1.5KiB"`` -> ``1536``."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 # rich.progress's DownloadColumn picks binary units with this function; rich.filesize.decimal
 # would print SI units (kB, MB), while rkv's capacities and blocks are powers of two (a
@@ -15,6 +16,9 @@ _SUFFIXES = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
 #: ``rkv replay --capacity 2GiB``, ``RKV_TIER_DRAM_CAPACITY_BYTES=4GiB``.
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+#: The largest size :func:`scale` returns: a signed 64-bit count (8 EiB - 1). Configs set
+#: tighter limits of their own (a tier's capacity, say); nothing parsed is ever larger.
+MAX_SIZE = (1 << 63) - 1
 
 
 def human_bytes(n: float) -> str:
@@ -25,3 +29,21 @@ def human_bytes(n: float) -> str:
     if unit == 1:
         return f"{n:.0f} B"
     return f"{n / unit:.1f} {suffix}"
+
+
+def scale(number: str, unit: str, name: str) -> Fraction:
+    """``number`` (as a size grammar's regex matched it: decimal digits, a point, an
+    exponent; the grammar bounds their lengths) times ``unit``'s bytes, exactly, as a
+    Fraction (float rounding would turn ``12345678901234567891`` into another integer). A
+    :class:`~rkv.errors.ConfigError` naming ``name`` when the unit is unknown or the size
+    exceeds :data:`MAX_SIZE`."""
+    from rkv.errors import ConfigError
+
+    factor = UNITS.get(unit.lower())
+    if factor is None:
+        raise ConfigError(f"{name}: unknown size unit {unit!r} (units: KiB, MiB, GiB, TiB, "
+                          "KB, MB, GB, TB, B)")
+    value = Fraction(number) * factor
+    if value > MAX_SIZE:
+        raise ConfigError(f"{name}: {number}{unit} is too large (at most {MAX_SIZE} bytes)")
+    return value
