@@ -32,13 +32,14 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rkv.errors import ConfigError, IntegrityError
 from rkv.keys import block_key
 from rkv.model import ModelSpec
+from rkv.record import decode_record
 from rkv.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE
 from rkv.scrub_report import ScrubConfig, ScrubReport, TierScrub
 
@@ -90,22 +91,35 @@ class Scrubber:
             raise ConfigError(f"scrub: no tier {', '.join(unknown)} (tiers: "
                               f"{', '.join(engine.tiers)})")
         self.tier_names = tuple(names)
-        self._schedules: dict[str, dict[str, Any]] | None = None
-        given = self.config.refresh_hours
+        # A tier's schedule takes seconds (predict runs a handful of times): each is computed
+        # on first need, for a tier that holds blocks, so a pass over an empty store or tier
+        # costs nothing; a refresh age the config gives needs no schedule at all.
+        self._schedules: dict[str, dict[str, Any]] = {}
         self._refresh_ns: dict[str, float] = {}
-        for n in names:
-            h = given.get(n)
-            if h is None:
-                r = self.schedules().get(n, {}).get("refresh_hours", math.inf)
-                h = math.inf if r is None else float(r)
-            self._refresh_ns[n] = h * NS_PER_HOUR if math.isfinite(h) and h > 0 else math.inf
 
     # -- schedule ---------------------------------------------------------------------------
     def schedules(self) -> dict[str, dict[str, Any]]:
-        """The tiers' schedules (:func:`tier_schedules`), computed once (it takes seconds)."""
-        if self._schedules is None:
-            self._schedules = tier_schedules(self.engine)
-        return self._schedules
+        """The scrubbed tiers' schedules (:func:`tier_schedules`), each computed once."""
+        return {n: s for n in self.tier_names if (s := self.schedule(n)) is not None}
+
+    def schedule(self, tier: str) -> dict[str, Any] | None:
+        """``tier``'s schedule, computed on first use (None: it cannot be computed)."""
+        if tier not in self._schedules:
+            self._schedules[tier] = tier_schedules(self.engine, (tier,)).get(tier, {})
+        return self._schedules[tier] or None
+
+    def refresh_ns(self, tier: str) -> float:
+        """The age (ns) past which ``tier``'s blocks are rewritten: the config's, else the
+        tier's schedule's (inf: never)."""
+        limit = self._refresh_ns.get(tier)
+        if limit is None:
+            h = self.config.refresh_hours.get(tier)
+            if h is None:
+                r = (self.schedule(tier) or {}).get("refresh_hours", math.inf)
+                h = math.inf if r is None else float(r)
+            limit = h * NS_PER_HOUR if math.isfinite(h) and h > 0 else math.inf
+            self._refresh_ns[tier] = limit
+        return limit
 
     def interval_hours(self) -> float | None:
         """The shortest scrub interval of the scrubbed tiers' schedules (inf: none needs
@@ -126,10 +140,13 @@ class Scrubber:
         """Every stored block of the scrubbed tiers, riskiest first."""
         now = self.engine.clock()
         out: list[_Block] = []
-        for b in self.engine.block_ages():
-            if b.tier not in self._refresh_ns:
-                continue
-            limit = self._refresh_ns[b.tier]
+        scrubbed = set(self.tier_names)
+        ages = [b for b in self.engine.block_ages() if b.tier in scrubbed]
+        # Only the tiers that hold blocks need their refresh age (and so their schedule);
+        # computed after the walk, outside its read transaction.
+        limits = {t: self.refresh_ns(t) for t in {b.tier for b in ages}}
+        for b in ages:
+            limit = limits[b.tier]
             if b.written_ns is None:
                 age_risk = 1.0
             elif math.isinf(limit):
@@ -312,10 +329,13 @@ class Scrubber:
                 if copy is not None:
                     rec = copy[1]
                     size = memoryview(rec).nbytes
-                    if size != meta.blocks[layer][1]:
-                        blocks = list(meta.blocks)
-                        blocks[layer] = (tier, size)
-                        ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks)), meta)
+                    blocks = list(meta.blocks)
+                    blocks[layer] = (tier, size)
+                    # The rebuilt record carries the rebuild's time: so does its entry.
+                    written = [meta.written_at(i) for i in range(len(blocks))]
+                    written[layer] = decode_record(rec).header.written_ns or 0
+                    ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks),
+                                                      written=tuple(written)), meta)
                     pending.write(tier, block_key(key, layer), rec, size)
                     outcome.append("repaired")
                     continue
@@ -342,7 +362,6 @@ class Scrubber:
         """A record of the same block in another tier that verifies, re-encoded for
         ``tier`` (its code), or None."""
         from rkv.blockcodec import reencode
-        from rkv.record import decode_record
         from rkv.upkeep import rewrite_codec
 
         engine = self.engine
@@ -362,8 +381,10 @@ class Scrubber:
                 rec, erased = other.fetch(bkey)
                 if rec is None:
                     continue
+                # The same write of the block only: a copy stamped otherwise is stale.
                 engine._reads.verify_into(rec, key, layer, meta.fingerprint, spec,
-                                          meta.n_tokens, None, -1, erased)
+                                          meta.n_tokens, None, -1, erased,
+                                          meta.written_at(layer))
                 dec = decode_record(rec)
                 return name, reencode(rec, dec, rewrite_codec(engine, tier, dec), erased,
                                       written_ns=engine.clock())
@@ -372,15 +393,21 @@ class Scrubber:
         return None
 
 
-def tier_schedules(engine: Engine) -> dict[str, dict[str, Any]]:
-    """Per tier, its schedule (:func:`rkv.faults.schedule_info.add_schedule`: refresh age
-    and scrub interval for the engine's ``scrub_target_p_due``, from its fault model and the
-    code of its typical block); empty when it cannot be computed. Takes seconds."""
+def tier_schedules(engine: Engine, tiers: Iterable[str] | None = None
+                   ) -> dict[str, dict[str, Any]]:
+    """Per tier (of ``tiers``; default: all), its schedule
+    (:func:`rkv.faults.schedule_info.add_schedule`: refresh age and scrub interval for the
+    engine's ``scrub_target_p_due``, from its fault model and the code of its typical
+    block); empty when it cannot be computed. Takes seconds per tier."""
     from rkv.faults.schedule_info import add_schedule
 
     target = float(getattr(engine.config, "scrub_target_p_due", 1e-9))
+    stats = engine.stats()
+    if tiers is not None:
+        wanted = set(tiers)
+        stats = {**stats, "tiers": {n: t for n, t in stats["tiers"].items() if n in wanted}}
     try:
-        return dict(add_schedule(engine.stats(), target)["tiers"])
+        return dict(add_schedule(stats, target)["tiers"])
     except (ConfigError, ValueError, ArithmeticError):
         return {}
 
