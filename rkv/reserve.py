@@ -76,12 +76,17 @@ class Reserve:
         self.path = directory / RESERVE_NAME
         self.nbytes = nbytes
         self._next_try = 0.0
+        self._made = False
 
     def present(self) -> bool:
-        try:
-            return self.path.stat().st_size >= self.nbytes
-        except OSError:
-            return False
+        """Whether the reserve is in place (as this process last saw it: a stat only until
+        it is found, not at every commit)."""
+        if not self._made:
+            try:
+                self._made = self.path.stat().st_size >= self.nbytes
+            except OSError:
+                return False
+        return self._made
 
     def make(self) -> bool:
         """Allocate the reserve if the filesystem has room for it and more; True when it is
@@ -105,6 +110,7 @@ class Reserve:
             except OSError:            # a filesystem without fallocate: write the zeros
                 os.ftruncate(fd, 0)
                 os.write(fd, bytes(self.nbytes))
+            self._made = True
             return True
         except OSError:
             self.release()
@@ -114,6 +120,7 @@ class Reserve:
 
     def release(self) -> bool:
         """Delete the reserve; True when there was one (its space is free now)."""
+        self._made = False
         try:
             had = self.path.stat().st_size > 0
             self.path.unlink()

@@ -74,8 +74,8 @@ class _Reader:
                                     f"database is damaged ({exc})") from exc
         if view is None:
             return None
-        end = self._file.offset(view) + memoryview(view).nbytes
-        if end > self._env.guard.limit and end > self._env.guard.size():
+        end = self._file.end(view)
+        if end is not None and end > self._env.guard.limit and end > self._env.guard.size():
             raise CorruptStoreError(f"{self._where}: the value of {key.hex()[:16]} reaches "
                                     f"past the end of the data file (a damaged page)")
         if not self._pread:

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 
 from rkv.errors import MediumError, StoreError
@@ -30,9 +31,15 @@ from rkv.errors import MediumError, StoreError
 PAGE = 4096
 
 
+@numba.njit(cache=True)
+def _start(a: np.ndarray) -> int:
+    return a.ctypes.data  # type: ignore[no-any-return]
+
+
 def address(view: Any) -> int:
-    """Start address of a buffer, without reading it (no page is touched)."""
-    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+    """Start address of a buffer, without reading it (no page is touched). Through numba:
+    ``__array_interface__`` builds a dict per call, 1.6 us of every read of a record."""
+    return int(_start(np.frombuffer(view, dtype=np.uint8)))
 
 
 class MapFile:
@@ -42,6 +49,7 @@ class MapFile:
         self.path = os.path.realpath(data_file)
         self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self._lo = self._hi = self._base = 0
+        self._unmapped = False
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -69,6 +77,22 @@ class MapFile:
     def offset(self, view: Any) -> int:
         """The file offset of the value ``view`` points at (no page of it is touched)."""
         return self._locate(address(view))
+
+    def end(self, view: memoryview) -> int | None:
+        """The file offset just past the value ``view`` (no page of it is touched); None
+        where the map cannot be found (no ``/proc/self/maps``: not Linux)."""
+        addr = int(_start(np.frombuffer(view, dtype=np.uint8)))
+        if self._lo <= addr < self._hi:          # the common case, without a call
+            return addr - self._base + view.nbytes
+        if self._unmapped:
+            return None
+        try:
+            return self._locate(addr) + view.nbytes
+        except StoreError:
+            if os.path.exists("/proc/self/maps"):
+                raise
+            self._unmapped = True
+            return None
 
     def read(self, view: Any, key: bytes) -> memoryview:
         """A copy of the value ``view`` points at, read from the file. Raises MediumError
