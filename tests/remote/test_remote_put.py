@@ -331,3 +331,35 @@ def test_values_sealed_by_envelope_version_1(tmp_path: Path, redis_server: Redis
     with Engine.open(tmp_path / "other", cfg) as other:
         np.testing.assert_array_equal(other.get(TOKS, model=SMALL).kv, kv)
 
+
+
+# -- a replayed old value is stale, never current ----------------------------------------------
+@pytest.mark.parametrize("local", [False, True])
+def test_a_replayed_old_value_is_a_stale_miss(tmp_path: Path, redis_server: RedisServer,
+                                              mac_env: dict[str, Any], local: bool) -> None:
+    """A node stores KV, deletes it, the server loses the values, and the node stores other
+    KV for the same tokens; someone who recorded the server's old values (valid MACs: a
+    replay needs no key) writes them back.
+    The node's index holds the later write, so the old records read as StaleRecordError
+    (misses), never as the current KV."""
+    from rkv.errors import StaleRecordError
+
+    old_kv, new_kv = random_kv(SMALL, 48, seed=3), random_kv(SMALL, 48, seed=4)
+    cfg = remote_config(redis_server.url, ns(), local=local, **mac_env)
+    c: Any = redis_server.client()
+    with Engine.open(tmp_path / "n", cfg) as e:
+        e.put(TOKS, old_kv, model=SMALL)
+        names = block_names(remote(e), TOKS)
+        recorded = {n: c.get(n) for n in names}
+        assert all(recorded.values())
+        e.delete(TOKS, model=SMALL)
+        c.delete(*names)                    # (shared values outlive a node's delete:
+        e.put(TOKS, new_kv, model=SMALL)    # here the server evicted them)
+        np.testing.assert_array_equal(e.get(TOKS, model=SMALL).kv, new_kv)
+        for n, v in recorded.items():       # the replay
+            c.set(n, v)
+        got = e.get(TOKS, model=SMALL)
+        np.testing.assert_array_equal(got.kv, new_kv[:, :, :got.n_tokens])
+        if not local:                        # (a local tier serves its own copy first)
+            assert got.n_tokens == 0
+            assert any(isinstance(b.error, StaleRecordError) for b in got.blocks)
