@@ -24,6 +24,8 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 from rkv.errors import MediumError, StoreError
 
@@ -31,15 +33,30 @@ from rkv.errors import MediumError, StoreError
 PAGE = 4096
 
 
+@intrinsic
+def _data_pointer(typingctx: Any, buf: Any) -> Any:
+    """The address of a buffer's first byte (numba typing and code generation)."""
+    sig = types.intp(buf)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.ptrtoint(ary.data, context.get_value_type(types.intp))
+
+    return sig, codegen
+
+
 @numba.njit(cache=True)
-def _start(a: np.ndarray) -> int:
-    return a.ctypes.data  # type: ignore[no-any-return]
+def _start(view: memoryview) -> int:
+    return _data_pointer(view)  # type: ignore[call-arg,no-any-return]
 
 
 def address(view: Any) -> int:
-    """Start address of a buffer, without reading it (no page is touched). Through numba:
-    ``__array_interface__`` builds a dict per call, 1.6 us of every read of a record."""
-    return int(_start(np.frombuffer(view, dtype=np.uint8)))
+    """Start address of a buffer, without reading it (no page is touched). Compiled: with
+    numpy (``__array_interface__`` builds a dict per call) it took 1.6-2.5 us of every read
+    of a record, this 0.3 us."""
+    if type(view) is not memoryview:
+        view = memoryview(view)
+    return int(_start(view.cast("B") if view.format != "B" else view))
 
 
 class MapFile:
@@ -81,7 +98,7 @@ class MapFile:
     def end(self, view: memoryview) -> int | None:
         """The file offset just past the value ``view`` (no page of it is touched); None
         where the map cannot be found (no ``/proc/self/maps``: not Linux)."""
-        addr = int(_start(np.frombuffer(view, dtype=np.uint8)))
+        addr = address(view)
         if self._lo <= addr < self._hi:          # the common case, without a call
             return addr - self._base + view.nbytes
         if self._unmapped:
