@@ -140,7 +140,8 @@ def encode_block(header: RecordHeader, data: np.ndarray, codec: Codec | None,
         return _encode_data(header, raw, quant, codec)
     # The data is copied once, by numpy into the record (without the GIL).
     final = replace(header, data_len=raw.nbytes, payload_len=raw.nbytes + len(tail),
-                    checksum=data_checksum(raw), codecs=_configs(quant, codec))
+                    checksum=data_checksum(raw), codecs=_configs(quant, codec),
+                    spread=codec is not None and codec.spread_framing(raw.nbytes))
     return encode_split_record(final, raw, tail, alloc)
 
 
@@ -148,7 +149,8 @@ def _encode_data(header: RecordHeader, raw: np.ndarray, quant: Quantizer | None,
                  codec: Codec | None) -> Any:
     payload: Any = codec.encode(raw) if codec is not None else raw
     final = replace(header, data_len=raw.nbytes, payload_len=memoryview(payload).nbytes,
-                    checksum=data_checksum(raw), codecs=_configs(quant, codec))
+                    checksum=data_checksum(raw), codecs=_configs(quant, codec),
+                    spread=codec is not None and codec.spread_framing(raw.nbytes))
     return encode_record(final, payload)
 
 

@@ -92,10 +92,16 @@ class Pipeline:
         n = self.data_bytes(shape, dtype)
         return n if self.codec is None else int(self.codec.encoded_size(n))
 
-    def framing(self) -> tuple[int, int]:
-        """(payload offset, length of one header copy) of this pipeline's records: the same
-        for every block (header fields have fixed widths but for the codec list)."""
-        return _framing(self)
+    def spread(self, data_bytes: int) -> bool:
+        """Whether this pipeline's records of ``data_bytes`` spread their framing copies
+        over sectors (record format v3: the code asks for it)."""
+        return self.codec is not None and self.codec.spread_framing(data_bytes)
+
+    def framing(self, data_bytes: int) -> tuple[int, int]:
+        """(payload offset, length of one header copy) of this pipeline's records of
+        ``data_bytes``: the same for every block of that size (header fields have fixed
+        widths but for the codec list; the layout depends on the size for some codes)."""
+        return _framing(self, self.spread(data_bytes))
 
     def record_bytes(self, shape: tuple[int, ...], dtype: str) -> int:
         """The whole record of a block: preludes, three header copies, padding, payload."""
@@ -103,7 +109,7 @@ class Pipeline:
 
     def record_bytes_for(self, data_bytes: int) -> int:
         """The whole record for ``data_bytes`` of data after the quantizer."""
-        off, hlen = self.framing()
+        off, hlen = self.framing(data_bytes)
         plen = data_bytes if self.codec is None else int(self.codec.encoded_size(data_bytes))
         return off + plen + hlen + PRELUDE_BYTES
 
@@ -116,9 +122,10 @@ def _parse(quant: str, ecc: str) -> Pipeline:
 
 
 @lru_cache(maxsize=1024)
-def _framing(p: Pipeline) -> tuple[int, int]:
+def _framing(p: Pipeline, spread: bool) -> tuple[int, int]:
     # Every header field but the codec list has a fixed width (struct-packed), so the
     # framing of any block under this pipeline is the framing of this stand-in.
     header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16), shape=(2, 1, 1, 1),
-                          dtype="float16", data_len=0, payload_len=0, codecs=p.configs())
+                          dtype="float16", data_len=0, payload_len=0, codecs=p.configs(),
+                          spread=spread)
     return framing_sizes(header)

@@ -59,8 +59,14 @@ from rkv.model import FINGERPRINT_BYTES, KV_DTYPES
 
 MAGIC = b"RKVB"
 FORMAT_VERSION = 2
-#: Versions this build reads: 1 (no write time) and 2; it writes only FORMAT_VERSION.
-READ_VERSIONS = (1, 2)
+#: Version 3: the v2 header body, its framing copies spread over sectors (below).
+SPREAD_VERSION = 3
+#: Versions this build reads: 1 (no write time), 2, 3; it writes 2, or 3 where the code
+#: asks for spread framing (:func:`copy_offsets`).
+READ_VERSIONS = (1, 2, 3)
+#: Where the second prelude and header copy of a spread record start: a 4 KiB sector away
+#: from the first, so that no sector (whatever the record's alignment) holds two copies.
+SPREAD_AT = 4096
 PRELUDE_BYTES = 8
 PRELUDE_COPIES = 3
 HEADER_COPIES = 3
@@ -75,7 +81,7 @@ _DTYPE_IDS = {v: k for k, v in _DTYPE_CODES.items()}
 assert set(_DTYPE_IDS) == set(KV_DTYPES)
 _BODY_V1 = struct.Struct("<32s16sHBB4IQQB16sH")
 _BODY = struct.Struct("<32s16sHBB4IQQB16sQH")
-_BODIES = {1: _BODY_V1, 2: _BODY}
+_BODIES = {1: _BODY_V1, 2: _BODY, 3: _BODY}
 #: Where the data checksum sits in a v2 header body.
 _CHECKSUM_AT = struct.calcsize("<32s16sHBB4IQQB")
 _U64 = 1 << 64
@@ -102,6 +108,9 @@ class RecordHeader:
     #: When the record was written (ns since the Unix epoch, UTC); None: unknown (a v1
     #: record, or a header that was never stamped; stored as 0).
     written_ns: int | None = None
+    #: The framing copies are spread over sectors (format v3, :func:`copy_offsets`): set by
+    #: the writer where its code asks for it, and read from the prelude's version.
+    spread: bool = False
 
     def __post_init__(self) -> None:
         if self.written_ns is not None and not (
@@ -176,7 +185,8 @@ class RecordHeader:
                             ("shape", (s0, s1, s2, s3)), ("dtype", dtype),
                             ("data_len", data_len), ("payload_len", payload_len),
                             ("checksum", checksum), ("codecs", codecs),
-                            ("written_ns", written or None)):
+                            ("written_ns", written or None),
+                            ("spread", version == SPREAD_VERSION)):
             object.__setattr__(obj, name, value)
         return obj
 
@@ -185,32 +195,56 @@ _FIELDS = tuple(RecordHeader.__dataclass_fields__)
 _set = object.__setattr__
 
 
-def _prelude(header_len: int) -> bytes:
-    return MAGIC + bytes([FORMAT_VERSION, 0]) + header_len.to_bytes(2, "little")
+def _prelude(header_len: int, version: int = FORMAT_VERSION) -> bytes:
+    return MAGIC + bytes([version, 0]) + header_len.to_bytes(2, "little")
 
 
 def _header_copy(prelude: bytes, body: bytes) -> bytes:
     return body + xxhash.xxh3_64_intdigest(prelude + body).to_bytes(8, "little")
 
 
-def payload_offset(header_len: int) -> int:
+def payload_offset(header_len: int, spread: bool = False) -> int:
     """Where the payload starts: after the leading prelude and header copies, aligned to 64
     bytes so that readers copy and hash it with aligned, vectorized loops."""
-    end = LEAD_COPIES * (PRELUDE_BYTES + header_len)
+    end = (SPREAD_AT + PRELUDE_BYTES + header_len if spread
+           else LEAD_COPIES * (PRELUDE_BYTES + header_len))
     return (end + PAYLOAD_ALIGN - 1) // PAYLOAD_ALIGN * PAYLOAD_ALIGN
 
 
+def copy_offsets(header_len: int, total: int, spread: bool
+                 ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(offsets of the three prelude copies, offsets of the three header copies) in a record
+    of ``total`` bytes: the one description of where the framing lies (the decoder, the
+    fault models and the tests use it).
+
+    v2 (and v1): both leading preludes, then both leading header copies, at the start; the
+    third header copy and prelude at the end. v3 (``spread``): prelude and header copy 0 at
+    the start, copy 1 at :data:`SPREAD_AT`, copy 2 at the end; two lost sectors anywhere
+    then leave one prelude and one header copy (a sector at the start held all the leading
+    copies in v2, so it and the last sector lost together lost the block)."""
+    last = total - PRELUDE_BYTES
+    if spread:
+        return ((0, SPREAD_AT, last),
+                (PRELUDE_BYTES, SPREAD_AT + PRELUDE_BYTES, last - header_len))
+    lead = LEAD_COPIES * PRELUDE_BYTES
+    return (0, PRELUDE_BYTES, last), (lead, lead + header_len, last - header_len)
+
+
 def _framing(header: RecordHeader) -> tuple[bytes, bytes]:
-    """(lead, trail): the bytes before the payload (two prelude copies, two header copies,
-    padding) and after it (the third header copy, then the third prelude copy)."""
+    """(lead, trail): the bytes before the payload (prelude and header copies, padding) and
+    after it (the third header copy, then the third prelude copy); :func:`copy_offsets`."""
     body = header.to_bytes()
     length = len(body) + HEADER_CHECK_BYTES
-    if length > 0xFFFF:
+    if length > 0xFFFF or (header.spread and PRELUDE_BYTES + length > SPREAD_AT):
         raise CorruptRecordError("record header too large")
-    pre = _prelude(length)
+    pre = _prelude(length, SPREAD_VERSION if header.spread else FORMAT_VERSION)
     copy = _header_copy(pre, body)
-    lead = pre * LEAD_COPIES + copy * LEAD_COPIES
-    return lead + bytes(payload_offset(length) - len(lead)), copy + pre
+    if header.spread:
+        first = pre + copy
+        lead = first + bytes(SPREAD_AT - len(first)) + first
+    else:
+        lead = pre * LEAD_COPIES + copy * LEAD_COPIES
+    return lead + bytes(payload_offset(length, header.spread) - len(lead)), copy + pre
 
 
 def encode_record(header: RecordHeader, payload: Any) -> bytearray:
@@ -242,9 +276,9 @@ def encode_split_record(header: RecordHeader, data: np.ndarray, tail: bytes,
 
 
 def framing_sizes(header: RecordHeader) -> tuple[int, int]:
-    """(payload offset, length of one header copy) of a record with ``header``: preludes at
-    0 and 8, header copies at 16 and ``16 + hlen``, the payload at the offset, the third
-    header copy right after the payload and the third prelude in the last 8 bytes."""
+    """(payload offset, length of one header copy) of a record with ``header``: the copies
+    where :func:`copy_offsets` puts them, the payload at the offset, the third header copy
+    right after the payload and the third prelude in the last 8 bytes."""
     lead, trail = _framing(header)
     return len(lead), len(trail) - PRELUDE_BYTES
 
@@ -318,13 +352,13 @@ def _find_header(view: memoryview, pre: bytes, total: int
     hlen = int.from_bytes(pre[6:8], "little")
     if hlen <= HEADER_CHECK_BYTES:
         return None
-    start = payload_offset(hlen)
+    spread = pre[4] == SPREAD_VERSION
+    start = payload_offset(hlen, spread)
     if total < start + hlen + PRELUDE_BYTES:
         raise TruncatedRecordError(f"record is {total} bytes, too short for its header")
-    # Two header copies lead, the third trails the payload: a lost sector at either end of
-    # the record leaves at least one copy readable.
-    last = total - PRELUDE_BYTES
-    offsets = (LEAD_COPIES * PRELUDE_BYTES, LEAD_COPIES * PRELUDE_BYTES + hlen, last - hlen)
+    # Copies lead and trail the payload (spread: a sector apart): a lost sector at either end
+    # of the record leaves at least one copy readable.
+    offsets = copy_offsets(hlen, total, spread)[1]
     for i, off in enumerate(offsets):
         candidate = bytes(view[off:off + hlen - HEADER_CHECK_BYTES])
         stored = int.from_bytes(view[off + hlen - HEADER_CHECK_BYTES:off + hlen], "little")
@@ -357,16 +391,28 @@ def decode_record(
         raise TruncatedRecordError(f"record is {total} bytes, shorter than its preludes")
     last = total - PRELUDE_BYTES
     p0 = bytes(view[:PRELUDE_BYTES])
-    if p0 == view[PRELUDE_BYTES:2 * PRELUDE_BYTES] and p0 == view[last:]:
-        p1 = p2 = p0
+    p2 = bytes(view[last:])
+    if p0 == view[PRELUDE_BYTES:2 * PRELUDE_BYTES] and p0 == p2 and p0[:4] == MAGIC:
         candidates = [p0]
     else:
-        p1, p2 = bytes(view[PRELUDE_BYTES:2 * PRELUDE_BYTES]), bytes(view[last:])
-        # The bitwise vote first; then each copy alone, for when two copies were lost
-        # together (a lost sector at one end). A header copy verifies its prelude too.
-        arrs = [np.frombuffer(p, dtype=np.uint8) for p in (p0, p1, p2)]
-        voted = _majority(*arrs).tobytes()
-        candidates = list(dict.fromkeys([voted, p0, p1, p2]))
+        # v2's second copy follows the first; v3's lies a sector on (copy_offsets). Each
+        # layout's vote first, kept only when it names its own layout: the other layout's
+        # vote mixes in payload or header bytes, and a prelude it happened to get right
+        # would make the outcome depend on the data (the fault model could not say it).
+        # Then each copy alone, for when two copies were lost together (a lost sector). A
+        # header copy verifies its prelude too, so a wrong guess fails.
+        p1 = bytes(view[PRELUDE_BYTES:2 * PRELUDE_BYTES])
+        ps = (bytes(view[SPREAD_AT:SPREAD_AT + PRELUDE_BYTES])
+              if total >= SPREAD_AT + 2 * PRELUDE_BYTES else p1)
+        if p0 == ps == p2 and p0[:4] == MAGIC:
+            candidates = [p0]
+        else:
+            arrs = [np.frombuffer(p, dtype=np.uint8) for p in (p0, p1, ps, p2)]
+            v2 = _majority(arrs[0], arrs[1], arrs[3]).tobytes()
+            v3 = _majority(arrs[0], arrs[2], arrs[3]).tobytes()
+            votes = [v for v, own in ((v2, v2[4] != SPREAD_VERSION),
+                                      (v3, v3[4] == SPREAD_VERSION)) if own]
+            candidates = list(dict.fromkeys([*votes, p0, p1, ps, p2]))
     # Every candidate is tried before giving up: a bit flipped alike in two copies (a DRAM
     # lane hitting copies 0 and 1, 8 bytes apart) outvotes the third in the vote, and only
     # that intact copy still verifies a header. A candidate's unknown version or flags, or a
@@ -400,8 +446,10 @@ def decode_record(
             raise CorruptRecordError("not an rkv record (bad magic)")
         raise CorruptRecordError("record header is corrupt in all copies")
     pre, hlen, body, repairs = found
-    repairs += sum(p != pre for p in (p0, p1, p2))
-    start = payload_offset(hlen)
+    spread = pre[4] == SPREAD_VERSION
+    repairs += sum(view[o:o + PRELUDE_BYTES] != pre
+                   for o in copy_offsets(hlen, total, spread)[0])
+    start = payload_offset(hlen, spread)
     header = RecordHeader.from_bytes(body, pre[4])
     if total != start + header.payload_len + hlen + PRELUDE_BYTES:
         raise TruncatedRecordError(
@@ -428,8 +476,9 @@ def peek_header(prefix: Any) -> tuple[RecordHeader, int]:
     if view.nbytes < 2 * PRELUDE_BYTES:
         raise TruncatedRecordError("record is shorter than its preludes")
     p0, p1 = bytes(view[:PRELUDE_BYTES]), bytes(view[PRELUDE_BYTES:2 * PRELUDE_BYTES])
+    ps = bytes(view[SPREAD_AT:SPREAD_AT + PRELUDE_BYTES])     # v3's second copy, if read
     unknown = None
-    for pre in dict.fromkeys((p0, p1)):
+    for pre in dict.fromkeys((p0, p1, ps)):
         if pre[:4] != MAGIC:
             continue
         if pre[4] not in READ_VERSIONS or pre[5] != 0:   # this copy only: try the other
@@ -439,12 +488,13 @@ def peek_header(prefix: Any) -> tuple[RecordHeader, int]:
         hlen = int.from_bytes(pre[6:8], "little")
         if hlen <= HEADER_CHECK_BYTES:
             continue
-        lead = LEAD_COPIES * PRELUDE_BYTES
-        for start in (lead, lead + hlen):
+        spread = pre[4] == SPREAD_VERSION
+        for start in copy_offsets(hlen, 1 << 62, spread)[1][:2]:    # the leading copies
             copy = bytes(view[start:start + hlen])
             if len(copy) == hlen and _header_copy(pre, copy[:-HEADER_CHECK_BYTES]) == copy:
                 header = RecordHeader.from_bytes(copy[:-HEADER_CHECK_BYTES], pre[4])
-                return header, payload_offset(hlen) + header.payload_len + hlen + PRELUDE_BYTES
+                return header, (payload_offset(hlen, spread) + header.payload_len + hlen
+                                + PRELUDE_BYTES)
     if unknown is not None:
         raise UnknownFormatError(unknown)
     raise CorruptRecordError("no verified record header in the record's first bytes")

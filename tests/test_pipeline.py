@@ -33,7 +33,8 @@ def test_sizes_match_the_encoded_record(quant: str, ecc: str, tokens: int, heads
     rec = bytes(encode_block(header, data, p.codec, quant=p.quant))
     assert p.record_bytes(shape, dtype) == len(rec)
     dec = decode_record(rec)
-    assert p.framing()[0] == dec.header_bytes
+    assert p.framing(dec.header.data_len)[0] == dec.header_bytes
+    assert p.spread(dec.header.data_len) == dec.header.spread
     assert p.record_bytes_for(dec.header.data_len) == len(rec)
     assert p.data_bytes(shape, dtype) == dec.header.data_len
     assert p.payload_bytes(shape, dtype) == dec.header.payload_len

@@ -181,6 +181,12 @@ class Codec(Configured, ABC):
     def data_size(self, encoded_n: int) -> int:
         """Inverse of :meth:`encoded_size`; raises ``CorruptRecordError`` if impossible."""
 
+    def spread_framing(self, data_bytes: int) -> bool:
+        """Whether records of ``data_bytes`` coded this way should spread their framing
+        copies over sectors (record format v3, :func:`rkv.record.copy_offsets`): for codes
+        that survive lost sectors in the payload, so the framing is not the weak part."""
+        return False
+
     def systematic_data(self, buf: BytesLike) -> U8 | None:
         """The data bytes read straight out of ``buf`` without decoding, or ``None``.
 

@@ -60,6 +60,7 @@ from rkv.ecc.base import (
 from rkv.ecc.crc32c import crc32c
 from rkv.ecc.gf import gf256, gf256_inv, gf256_matmul, rs_check_matrix, rs_parity_matrix
 from rkv.errors import CorruptRecordError
+from rkv.record import SPREAD_AT
 
 U64 = npt.NDArray[np.uint64]
 
@@ -152,6 +153,13 @@ class ShardRSCodec(Codec):
                      check_bytes=self._csize, miss=2.0 ** -(8 * self._csize))
 
     # ---------------------------------------------------------------- layout
+    def spread_framing(self, data_bytes: int) -> bool:
+        """Spread the framing when a shard is at least a sector: a lost sector then damages
+        at most one byte of any column, so two lost sectors anywhere in the payload are two
+        erasures per column at most, within ``m >= 2``; the framing must not be lost first.
+        (With smaller shards one sector spans several shards of a column: no layout helps.)"""
+        return self._m >= 2 and self.shard_size(data_bytes) >= SPREAD_AT
+
     def shard_size(self, n: int) -> int:
         """Bytes per shard for ``n`` data bytes."""
         s = -(-(n + LEN_FIELD) // self._k)
@@ -233,10 +241,13 @@ class ShardRSCodec(Codec):
         shards = b[: nsh * s]
         sums = b[nsh * s :]
         cs = self._csize
+        # Checksum entries the medium reported lost say nothing: their shards are unknown.
+        unknown = {int(x) for x in np.unique((eras[eras >= nsh * s] - nsh * s) // cs)}
         failed = [
             j
             for j in range(nsh)
-            if self._digest(shards[j * s : (j + 1) * s]) != sums[j * cs : (j + 1) * cs].tobytes()
+            if j in unknown
+            or self._digest(shards[j * s : (j + 1) * s]) != sums[j * cs : (j + 1) * cs].tobytes()
         ]
         lost = set(failed)
         in_shards = eras[eras < nsh * s]
@@ -258,7 +269,7 @@ class ShardRSCodec(Codec):
                         self._assemble(shards, s, repl, size), CORRECTED, n_fixed,
                         f"{len(lost)} shard(s) rebuilt",
                     )
-        res = self._correct_columns(rows, s, sums, in_shards)
+        res = self._correct_columns(rows, s, sums, in_shards, len(unknown))
         if res is None:
             return uncorrectable(
                 f"{len(lost)} shard(s) failed their checksum and column decoding failed"
@@ -315,11 +326,12 @@ class ShardRSCodec(Codec):
                 return None  # an intact spare shard disagrees: not a clean erasure pattern
         return repl, n_fixed
 
-    def _correct_columns(self, rows: U64, s: int, sums: U8, erased: np.ndarray
-                         ) -> tuple[U8, int] | None:
+    def _correct_columns(self, rows: U64, s: int, sums: U8, erased: np.ndarray,
+                         unknown: int = 0) -> tuple[U8, int] | None:
         """Decode every column on its own, the bytes the medium reported (``erased``, offsets
         into the shards) as erasures: a column with ``f`` erased and ``e`` other bad bytes is
-        fixed when ``2e + f <= m``. The result must pass enough checksums (below)."""
+        fixed when ``2e + f <= m``. The result must pass enough checksums (below);
+        ``unknown`` checksum entries were reported lost and cannot pass."""
         k, m = self._k, self._m
         nsh = k + m
         synd = np.empty((m, rows.shape[1]), dtype=np.uint64)
@@ -359,11 +371,15 @@ class ShardRSCodec(Codec):
         # least m + 1 places), so the other shards' bytes are right too and only their
         # checksum entries are damaged. A miscorrected column would disagree with the trusted
         # shards, so it cannot get here unless a checksum collides (2^-64 or 2^-32 a shard).
+        # With more than m entries reported lost (a lost sector over the table) no k shards
+        # can be checked: every shard that can be checked must pass, and the end-to-end
+        # checksum of the caller judges the rest (an erasure decoding within m is exact; a
+        # miscorrection there is a ChecksumError, never data).
         fr = readonly(fixed)
         cs = self._csize
         passing = sum(
             self._digest(fr[j * s : (j + 1) * s]) == sums[j * cs : (j + 1) * cs].tobytes()
             for j in range(nsh))
-        if passing < k:
+        if passing < min(k, nsh - unknown):
             return None
         return fixed, total

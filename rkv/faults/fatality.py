@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from rkv.pipeline import Pipeline
+from rkv.record import copy_offsets
 
 PRELUDE = 8
 #: Patterns drawn per clustered event class.
@@ -58,6 +59,8 @@ class Layout:
     payload: int
     data: int            # data bytes before the code's own additions
     params: tuple[int, ...]
+    #: The framing copies are spread over sectors (record format v3).
+    spread: bool = False
     #: independently decoded parts (byte planes): (their layout, tolerant); the sub-layouts'
     #: ``payload_off`` point into this record. Empty for one code over the whole payload.
     parts: tuple[tuple[Layout, bool], ...] = ()
@@ -71,7 +74,8 @@ def layout_for(protection: Any, data_bytes: int) -> Layout:
     pipe = as_pipeline(protection) or Pipeline()
     record = pipe.record_bytes_for(data_bytes)
     payload = pipe.codec.encoded_size(data_bytes) if pipe.codec is not None else data_bytes
-    off, hlen = pipe.framing()
+    off, hlen = pipe.framing(data_bytes)
+    spread = pipe.spread(data_bytes)
     parts = pipe.codec.parts(data_bytes) if pipe.codec is not None else None
     if parts is not None:
         subs, at = [], off
@@ -80,7 +84,7 @@ def layout_for(protection: Any, data_bytes: int) -> Layout:
             subs.append((Layout(sub.kind, record, hlen, at, sub.payload, sub.data, sub.params),
                          part.tolerant))
             at += sub.payload
-        return Layout("parts", record, hlen, off, payload, data_bytes, (), tuple(subs))
+        return Layout("parts", record, hlen, off, payload, data_bytes, (), spread, tuple(subs))
     g = geometry(protection, data_bytes)
     params: tuple[int, ...] = ()
     if g.kind == "rs":
@@ -90,7 +94,7 @@ def layout_for(protection: Any, data_bytes: int) -> Layout:
         params = (g.group, -(-(g.unit_symbols - 8 * g.group) // 8), g.t)
     elif g.kind == "shard":
         params = (g.unit_symbols - g.t, g.t, g.shard_bytes, g.check_bytes)
-    return Layout(g.kind, record, hlen, off, payload, data_bytes, params)
+    return Layout(g.kind, record, hlen, off, payload, data_bytes, params, spread=spread)
 
 
 def _masks(pattern: Any, record: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -175,11 +179,10 @@ def judge(lay: Layout, pattern: Any) -> tuple[float, float]:
     if pattern.lost:
         return 1.0, 0.0
     flips, erased, wrong = _masks(pattern, lay.record)
-    last = lay.record - PRELUDE
-    if _copies_lost(flips, erased, (0, PRELUDE, last), PRELUDE):
+    preludes, headers = copy_offsets(lay.hlen, lay.record, lay.spread)
+    if _copies_lost(flips, erased, preludes, PRELUDE):
         return 1.0, 0.0
-    h = lay.hlen
-    if _copies_lost(flips, erased, (2 * PRELUDE, 2 * PRELUDE + h, last - h), h):
+    if _copies_lost(flips, erased, headers, lay.hlen):
         return 1.0, 0.0     # (the third copy ends where the last prelude starts)
     if not lay.parts:
         return _payload_fatal(lay, flips, erased, wrong), 0.0
@@ -236,7 +239,14 @@ def _payload_fatal(lay: Layout, flips: np.ndarray, erased: np.ndarray,
     damaged = np.union1d(np.unique(in_shards // s), entries)
     if damaged.size <= m:
         return 0.0
-    if entries.size > m:
+    # Checksum entries the medium reported lost (r) cannot be checked; the others that are
+    # wrong (u) fail their shards. After column decoding every checkable shard must pass
+    # when more than m entries are lost, else k must (rkv.ecc.shardrs): fatal when
+    # r + u > m with r <= m, or u > 0 with r > m.
+    table = oe[oe >= nsh * s]
+    r = int(np.unique((table - nsh * s) // check).size)
+    u = int(entries.size) - r
+    if (r <= m and r + u > m) or (r > m and u > 0):
         return 1.0
     # Column decoding: in each column, the bytes the medium reported are erasures (f), the
     # other bad bytes errors (e); the column is fixed when 2e + f <= m.

@@ -324,8 +324,9 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
     * Nothing to tilt (``none``, ``raw``, or every class fatal on its own): ``alpha = 1``,
       plain conditional sampling.
     """
-    from rkv.faults.fatality import PRELUDE, class_fatality, layout_for
+    from rkv.faults.fatality import class_fatality, layout_for
     from rkv.faults.reliability import RAW
+    from rkv.record import copy_offsets
 
     classes = model.event_classes(nbytes, hours)
     factors = [1.0] * len(classes)
@@ -353,8 +354,8 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
                     ShardPlant(shard, c.p, nbytes).log_norm + math.log(1e-3):
                 h = 0
         if lay.kind != "detect" and h > 0 and 24 * h * c.p < 1.0:
-            # The header's copies: two after the two leading preludes, one before the last.
-            plant = (2 * PRELUDE, 2 * PRELUDE + h, lay.record - PRELUDE - h)
+            # The header's copies, where the record format puts them.
+            plant = copy_offsets(h, lay.record, lay.spread)[1]
             window_class = i
             notes.append(f"bits: header vote planted (3 copies of {h} bytes)")
         if lay.kind in ("rs", "bch"):

@@ -30,6 +30,11 @@ WRITTEN_NS = {
     "record_v2_float32": (1 << 64) - 1,                 # the largest
 }
 CASES = {**V1_CASES, **V2_CASES}
+#: Format v3 (framing copies spread over sectors), written for shard codes with shards of a
+#: sector or more: a block of 16 KiB under shardrs(k=4,m=2) (shards of 4,104 bytes).
+V3_CASES = {"record_v3_float16_shardrs": ("float16", (2, 64, 2, 32), 7)}
+V3_CODEC = "shardrs(k=4,m=2)"
+WRITTEN_NS["record_v3_float16_shardrs"] = 1_796_160_000_000_000_000   # 2026-12-01 UTC
 
 
 def case_data(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -46,7 +51,24 @@ def case_header(name: str, dtype: str, shape: tuple[int, ...], layer: int) -> Re
                         written_ns=WRITTEN_NS.get(name))
 
 
+def v3_record(name: str) -> bytes:
+    """The v3 case's record, as this build writes it."""
+    from rkv.blockcodec import encode_block
+    from rkv.ecc import get_codec
+
+    dtype, shape, layer = V3_CASES[name]
+    return bytes(encode_block(case_header(name, dtype, shape, layer), case_data(dtype, shape),
+                              get_codec(V3_CODEC)))
+
+
 if __name__ == "__main__":
+    for name, (dtype, shape, layer) in V3_CASES.items():
+        rec3 = v3_record(name)
+        (HERE / f"{name}.bin").write_bytes(rec3)
+        (HERE / f"{name}.json").write_text(json.dumps(
+            {"dtype": dtype, "shape": list(shape), "layer": layer, "bytes": len(rec3),
+             "written_ns": WRITTEN_NS[name], "ecc": V3_CODEC}, indent=1) + "\n")
+        print(name, len(rec3))
     for name, (dtype, shape, layer) in V2_CASES.items():
         data = case_data(dtype, shape)
         rec = encode_array_record(case_header(name, dtype, shape, layer), data)
