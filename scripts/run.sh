@@ -8,5 +8,5 @@
 # fault-injection campaign of earlier versions is `.venv/bin/rkv campaign`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup-env.sh
+RKV_SKIP_VLLM=1 bash scripts/setup-env.sh     # (the main job needs no vLLM: .venv-vllm is for the connector)
 exec .venv/bin/rkv sweep default "$@"

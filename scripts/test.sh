@@ -9,3 +9,9 @@ command -v redis-server >/dev/null || (apt-get update -qq >/dev/null && \
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/python -m pytest -q -n 2 "$@"
+# The vLLM connector's tests in .venv-vllm (made by setup-env.sh): a real vLLM on the CPU.
+# In .venv they skip (no vLLM there); here they must run (a few minutes). Not when the
+# command was given pytest arguments (a selection of the main suite).
+if [ $# -eq 0 ] && [ "${RKV_SKIP_VLLM:-0}" != "1" ]; then
+  bash scripts/vllm-env.sh .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+fi
