@@ -179,18 +179,8 @@ class RemoteShare:
         if not lost:
             return 0
 
-        def forget(txn: Any, pending: Any) -> int:
-            n = 0
-            for key in dict.fromkeys(lost):
-                meta = engine._index.read_chunk(txn, key)
-                if meta is None or meta.blocks != seen[key].blocks:
-                    continue                 # stored again meanwhile
-                free_chunk(engine._index, txn, key, meta, pending)
-                engine._decide.removed(key, Reason.DELETED)
-                n += 1
-            return n
-
-        n = int(engine._mutate(forget))
+        # (a chunk stored again meanwhile has other blocks: kept)
+        n = _forget(engine, lost, lambda key, meta: meta.blocks == seen[key].blocks)
         engine._count(remote_gone=n)
         return n
 
@@ -376,20 +366,29 @@ class RemoteShare:
         if not gone:
             return 0
 
-        def forget(txn: Any, pending: Any) -> int:
-            n = 0
-            for key in dict.fromkeys(gone):
-                meta = engine._index.read_chunk(txn, key)
-                if meta is None or not meta.tiers() & names:
-                    continue
-                free_chunk(engine._index, txn, key, meta, pending)
-                engine._decide.removed(key, Reason.DELETED)
-                n += 1
-            return n
-
-        n = int(engine._mutate(forget))
+        n = _forget(engine, gone, lambda key, meta: bool(meta.tiers() & names))
         engine._count(remote_forgotten=n)
         return n
+
+
+def _forget(engine: Engine, keys: Sequence[bytes],
+            still: Callable[[bytes, ChunkMeta], bool]) -> int:
+    """Drop the index entries of ``keys`` whose entry ``still`` holds what made them
+    forgettable (read again under the writer lock); their local blocks go with them,
+    nothing on the server. Returns how many were dropped."""
+
+    def forget(txn: Any, pending: Any) -> int:
+        n = 0
+        for key in dict.fromkeys(keys):
+            meta = engine._index.read_chunk(txn, key)
+            if meta is None or not still(key, meta):
+                continue
+            free_chunk(engine._index, txn, key, meta, pending)
+            engine._decide.removed(key, Reason.DELETED)
+            n += 1
+        return n
+
+    return int(engine._mutate(forget))
 
 
 def _pipe(client: Any, cmds: list[tuple[str, bytes]]) -> list[Any]:

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 
 from rkv import EngineConfig, ModelSpec, TierConfig
@@ -29,6 +30,15 @@ def local_config(chunk_tokens: int = 16, caps: tuple[int, int, int] | None = Non
                    policy=policy),
     )
     return EngineConfig(chunk_tokens=chunk_tokens, tiers=tiers, **kw)  # type: ignore[arg-type]
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The single ``rkv: error:`` line a failed command wrote to stderr (no traceback)."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("rkv: error: "), err
+    return lines[0]
 
 
 def random_kv(spec: ModelSpec, n: int, seed: int = 0) -> np.ndarray:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rkvtest import SMALL, local_config, random_kv
+from rkvtest import SMALL, local_config, one_line_error, random_kv
 
 from rkv import (
     ChecksumError,
@@ -70,14 +70,6 @@ def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "every reload was byte-exact and verified" in out
     assert "prefix dedup saved" in out
 
-
-def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    """The single ``rkv: error:`` line a failed command wrote to stderr (no traceback)."""
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err and len(lines) == 1, err
-    assert lines[0].startswith("rkv: error: "), err
-    return lines[0]
 
 
 @pytest.mark.parametrize("cmd", [["info"], ["info", "--json"], ["verify", "--quiet"],

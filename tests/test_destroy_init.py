@@ -21,7 +21,7 @@ from pathlib import Path
 import lmdb
 import pytest
 import tomli_w
-from rkvtest import SMALL, local_config, random_kv
+from rkvtest import SMALL, local_config, one_line_error, random_kv
 
 from rkv import Engine, EngineConfig, StoreError, TierConfig
 from rkv.cli import main
@@ -36,13 +36,6 @@ def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr("rkv.store.memory_dir", lambda: d)
     return d
 
-
-def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err and len(lines) == 1, err
-    assert lines[0].startswith("rkv: error: "), err
-    return lines[0]
 
 
 def _default_store(path: Path) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rkvtest import SMALL, local_config, random_kv
+from rkvtest import SMALL, local_config, one_line_error, random_kv
 
 from faultmodels import FaultModelError
 from faultmodels import files as ffiles
@@ -77,13 +77,6 @@ def assert_usage_error(p: subprocess.CompletedProcess[str], *needles: str) -> No
     for n in needles:
         assert n in lines[0], lines[0]
 
-
-def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err and len(lines) == 1, err
-    assert lines[0].startswith("rkv: error: "), err
-    return lines[0]
 
 
 @pytest.fixture
