@@ -217,8 +217,12 @@ class SharedEnv:
             raise translate(exc, f"checking {self.path}") from exc
 
     def _begin(self, *, write: bool) -> Any:
-        """A new transaction, or None when another process grew the map (adopt it first)."""
+        """A new transaction, or None when another process grew the map (adopt it first).
+        The data file is checked first (:meth:`check_file`), and before a write its
+        structure too if something wrote into it behind LMDB's back."""
         self.check_file()
+        if write and self.guard.tampered:
+            self.check_pages()
         try:
             return self.env.begin(write=write, buffers=not write)
         except lmdb.MapResizedError:
@@ -260,9 +264,6 @@ class SharedEnv:
         self.check()
         if self.readonly:
             raise ReadOnlyStoreError(f"{self.path} is open read-only")
-        self.check_file()
-        if self.guard.tampered:
-            self.check_pages()
         try:
             result = self._write(fn)
         except TierFullError:
@@ -271,8 +272,7 @@ class SharedEnv:
             log.warning("%s: the disk is full; its space reserve was released so that a "
                         "delete can free space", self.path)
             result = self._write(fn)
-        if not self.reserve.present():
-            self.reserve.make()     # (tries at most every RETRY_S, and only with room)
+        self.reserve.make()     # (when missing: at most every RETRY_S, and only with room)
         return result
 
     def _write(self, fn: Callable[[Any], T]) -> T:

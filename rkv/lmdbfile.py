@@ -245,6 +245,11 @@ class FileGuard:
         before = self._seen
         if before is not None and meta.txnid == self._txnid and seen[0] <= before[0]:
             self._suspect = meta.txnid
+        self._take(seen, meta)
+
+    def _take(self, seen: tuple[int, int, int, int], meta: Meta) -> None:
+        """Cover the file if it is shorter than ``meta`` says (LMDB's own unwritten free
+        pages, or a cut), then remember it as checked."""
         if seen[0] < meta.needed_bytes:
             cover(self.path, self.fd, seen[0], meta, self.where, self.writable)
             seen = self._stat()
@@ -269,11 +274,7 @@ class FileGuard:
         if self.fd < 0:
             return
         seen = self._stat()
-        meta = read_meta(self.fd, seen[0], self.where, self.psize)
-        if seen[0] < meta.needed_bytes:     # pages allocated and freed, never written
-            cover(self.path, self.fd, seen[0], meta, self.where, self.writable)
-            seen = self._stat()
-        self._seen, self.limit, self._txnid = seen, seen[0], meta.txnid
+        self._take(seen, read_meta(self.fd, seen[0], self.where, self.psize))
 
     def size(self) -> int:
         """The file's length now."""

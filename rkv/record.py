@@ -346,6 +346,14 @@ def _majority(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (a & b) | (a & c) | (b & c)  # type: ignore[no-any-return]
 
 
+def _unsupported(pre: bytes) -> str | None:
+    """Why a prelude with the magic names a format this build does not read (None: it
+    reads it)."""
+    if pre[4] not in READ_VERSIONS:
+        return f"record format version {pre[4]} is not supported"
+    return f"record flags {pre[5]:#x} are not supported" if pre[5] else None
+
+
 def _find_header(view: memoryview, pre: bytes, total: int
                  ) -> tuple[bytes, int, bytes, int] | None:
     """Locate a verified header body for prelude ``pre``: (pre, L, body, repairs) or None."""
@@ -389,30 +397,24 @@ def decode_record(
     total = view.nbytes
     if total < FIXED_BYTES:
         raise TruncatedRecordError(f"record is {total} bytes, shorter than its preludes")
-    last = total - PRELUDE_BYTES
-    p0 = bytes(view[:PRELUDE_BYTES])
-    p2 = bytes(view[last:])
-    if p0 == view[PRELUDE_BYTES:2 * PRELUDE_BYTES] and p0 == p2 and p0[:4] == MAGIC:
+    # v2's second prelude copy follows the first; v3's lies a sector on (copy_offsets).
+    p0, p1, ps, p2 = (bytes(view[o:o + PRELUDE_BYTES]) for o in (
+        0, PRELUDE_BYTES, SPREAD_AT if total >= SPREAD_AT + 2 * PRELUDE_BYTES else PRELUDE_BYTES,
+        total - PRELUDE_BYTES))
+    if p0[:4] == MAGIC and p0 == p2 and p0 in (p1, ps):
         candidates = [p0]
     else:
-        # v2's second copy follows the first; v3's lies a sector on (copy_offsets). Each
-        # layout's vote first, kept only when it names its own layout: the other layout's
-        # vote mixes in payload or header bytes, and a prelude it happened to get right
-        # would make the outcome depend on the data (the fault model could not say it).
-        # Then each copy alone, for when two copies were lost together (a lost sector). A
-        # header copy verifies its prelude too, so a wrong guess fails.
-        p1 = bytes(view[PRELUDE_BYTES:2 * PRELUDE_BYTES])
-        ps = (bytes(view[SPREAD_AT:SPREAD_AT + PRELUDE_BYTES])
-              if total >= SPREAD_AT + 2 * PRELUDE_BYTES else p1)
-        if p0 == ps == p2 and p0[:4] == MAGIC:
-            candidates = [p0]
-        else:
-            arrs = [np.frombuffer(p, dtype=np.uint8) for p in (p0, p1, ps, p2)]
-            v2 = _majority(arrs[0], arrs[1], arrs[3]).tobytes()
-            v3 = _majority(arrs[0], arrs[2], arrs[3]).tobytes()
-            votes = [v for v, own in ((v2, v2[4] != SPREAD_VERSION),
-                                      (v3, v3[4] == SPREAD_VERSION)) if own]
-            candidates = list(dict.fromkeys([*votes, p0, p1, ps, p2]))
+        # Each layout's vote first, kept only when it names its own layout: the other
+        # layout's vote mixes in payload or header bytes, and a prelude it happened to get
+        # right would make the outcome depend on the data (the fault model could not say
+        # it). Then each copy alone, for when two copies were lost together (a lost
+        # sector). A header copy verifies its prelude too, so a wrong guess fails.
+        arrs = [np.frombuffer(p, dtype=np.uint8) for p in (p0, p1, ps, p2)]
+        v2 = _majority(arrs[0], arrs[1], arrs[3]).tobytes()
+        v3 = _majority(arrs[0], arrs[2], arrs[3]).tobytes()
+        votes = [v for v, own in ((v2, v2[4] != SPREAD_VERSION),
+                                  (v3, v3[4] == SPREAD_VERSION)) if own]
+        candidates = list(dict.fromkeys([*votes, p0, p1, ps, p2]))
     # Every candidate is tried before giving up: a bit flipped alike in two copies (a DRAM
     # lane hitting copies 0 and 1, 8 bytes apart) outvotes the third in the vote, and only
     # that intact copy still verifies a header. A candidate's unknown version or flags, or a
@@ -425,10 +427,8 @@ def decode_record(
         if pre[:4] != MAGIC:
             continue
         magic_seen = True
-        if pre[4] not in READ_VERSIONS or pre[5] != 0:
-            unknown = unknown or (f"record format version {pre[4]} is not supported"
-                                  if pre[4] not in READ_VERSIONS
-                                  else f"record flags {pre[5]:#x} are not supported")
+        if _unsupported(pre):
+            unknown = unknown or _unsupported(pre)
             continue
         try:
             found = _find_header(view, pre, total)
@@ -481,9 +481,8 @@ def peek_header(prefix: Any) -> tuple[RecordHeader, int]:
     for pre in dict.fromkeys((p0, p1, ps)):
         if pre[:4] != MAGIC:
             continue
-        if pre[4] not in READ_VERSIONS or pre[5] != 0:   # this copy only: try the other
-            unknown = unknown or (f"record format version {pre[4]} flags {pre[5]:#x} are "
-                                  "not supported")
+        if _unsupported(pre):               # this copy only: try the others
+            unknown = unknown or _unsupported(pre)
             continue
         hlen = int.from_bytes(pre[6:8], "little")
         if hlen <= HEADER_CHECK_BYTES:
