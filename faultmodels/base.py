@@ -101,7 +101,7 @@ class EventClass:
     """
 
     __slots__ = ("_draw", "draw_nonzero", "law", "log_p0", "mu", "p", "rate", "realize",
-                 "units")
+                 "strata", "units")
 
     def __init__(
         self,
@@ -119,6 +119,11 @@ class EventClass:
         self.units = 0
         self.p = 0.0
         self.realize: Realize | None = None
+        #: optional: one event's law split into strata, [(P(stratum), draw one event in
+        #: it)], built on demand, so that a judge can weigh rare strata exactly
+        #: (`faultmodels.nand_cluster`); None for classes whose events are all alike
+        self.strata: Callable[[], list[tuple[float, Callable[[np.random.Generator],
+                                                              ErrorPattern]]]] | None = None
 
     def draw(self, rng: np.random.Generator) -> ErrorPattern | None:
         if self._draw is not None:

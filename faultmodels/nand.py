@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import nand_field, nand_raw, wordecc
+from . import nand_cluster, nand_field, nand_raw, wordecc
 from ._dist import (
     FloatArray,
     IntArray,
@@ -373,7 +373,15 @@ class NandModel(FaultModel):
                     secs.append(pos[(pos >= 0) & (pos < n_s)])
             return ErrorPattern(n, erasures=_sector_erasures(np.concatenate(secs), sb, n))
 
-        out.append(poisson_class(rate_a, realize_lse))
+        lse = poisson_class(rate_a, realize_lse)
+        if q > 0.0:
+            def strata() -> list[nand_cluster.Stratum]:
+                return nand_cluster.lse_strata(
+                    n_s, w, q, lambda secs: ErrorPattern(n, erasures=_sector_erasures(
+                        secs, sb, n)))
+
+            lse.strata = strata
+        out.append(lse)
         if q > 0.0:
             mean_b = lam_s * h * eg * (n_s - inside / (2.0 * w))
             rate_b = EventRate("sector", max(mean_b, 0.0), sb, 4.0 * n / n_s, detected=True,

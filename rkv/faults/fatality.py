@@ -260,7 +260,7 @@ def _payload_fatal(lay: Layout, flips: np.ndarray, erased: np.ndarray,
     return float(cost.max() > m)
 
 
-_CACHE: dict[tuple[str, str, int, float, int, bool], list[tuple[float, float]]] = {}
+_CACHE: dict[tuple[str, str, int, float, int, bool], list[tuple[float, float, float]]] = {}
 #: Draws per event count beyond the first in the stratified estimate.
 STRATUM_DRAWS = 400
 #: The stratified estimate drops a class's counts whose P(fire and count) is below this.
@@ -309,36 +309,111 @@ def _count_law(cls: Any) -> Iterator[tuple[int, float, float]]:
         yield k, math.exp(logp(k)), tail
 
 
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    """The mean of judged outcomes and its standard error (0 for a constant outcome)."""
+    d = len(values)
+    mean = math.fsum(values) / d
+    var = math.fsum((v - mean) ** 2 for v in values) / max(d - 1, 1)
+    return mean, math.sqrt(var / d)
+
+
+def _one_event_strata(lay: Layout, cls: Any, i: int, draws: int, data_bytes: int,
+                      p_one: float) -> tuple[float, float, float]:
+    """(P(fatal | one event), P(degraded | one event), the first one's variance) of a class
+    whose single event comes in strata (`EventClass.strata`: a lost sector with 0, 1, 2, ...
+    clustered neighbours in the record): each stratum judged over its own draws, weighted by
+    its exact probability; strata below `STRATUM_TINY` (with ``p_one`` = P(exactly one
+    event)) are dropped, and the mass the strata leave out counts as fatal."""
+    strata = cls.strata()
+    f_acc = g_acc = var = 0.0
+    mass = 0.0
+    for j, (pj, draw) in enumerate(strata):
+        if j and p_one * pj < STRATUM_TINY:
+            break
+        mass += pj
+        d = draws if j == 0 else min(draws, STRATUM_DRAWS)
+        rng = np.random.default_rng([i, draws, data_bytes, 1, j])
+        judged = [judge(lay, draw(rng)) for _ in range(d)]
+        f, se = _mean_se([x for x, _ in judged])
+        f_acc += pj * f
+        var += (pj * se) ** 2
+        g_acc += pj * math.fsum((1 - x) * g for x, g in judged) / d
+    return min(1.0, f_acc + max(0.0, 1.0 - mass)), g_acc, var
+
+
 def _stratified(lay: Layout, cls: Any, i: int, draws: int, data_bytes: int
-                ) -> tuple[float, float]:
-    """(P(fatal | fires), P(degraded | fires)) summed over the class's event count: the
+                ) -> tuple[float, float, float]:
+    """(P(fatal | fires), P(degraded | fires), the first one's sampling standard error)
+    summed over the class's event count: the
     exact P(K = k | K >= 1) times :func:`judge` over draws of exactly k events, so that
     combinations of several individually correctable events count at their exact (tiny)
     probability instead of as a fraction of ``draws``; counts whose P(fire and count) is
     below `STRATUM_TINY` are dropped, a tail beyond the last count judged counts as fatal."""
     p_fire = -math.expm1(cls.log_p0)
-    f_acc = g_acc = 0.0
+    f_acc = g_acc = var = 0.0
     tail = 0.0
     for k, pk, tail in _count_law(cls):
-        if pk > 0.0 and (k == 1 or p_fire * pk >= STRATUM_TINY):
+        if k == 1 and pk > 0.0 and cls.strata is not None:
+            f, g, v = _one_event_strata(lay, cls, i, draws, data_bytes, p_fire * pk)
+            f_acc += pk * f
+            g_acc += pk * g
+            var += pk * pk * v
+        elif pk > 0.0 and (k == 1 or p_fire * pk >= STRATUM_TINY):
             d = draws if k == 1 else min(draws, STRATUM_DRAWS)
             rng = np.random.default_rng([i, draws, data_bytes, k])
             judged = [judge(lay, cls.realize(k, rng)) for _ in range(d)]
-            f_acc += pk * math.fsum(x for x, _ in judged) / d
+            f, se = _mean_se([x for x, _ in judged])
+            f_acc += pk * f
+            var += (pk * se) ** 2
             g_acc += pk * math.fsum((1 - x) * g for x, g in judged) / d
         if p_fire * tail < STRATUM_TINY or tail <= 1e-9 * f_acc:
             tail = 0.0
             break
-    return min(1.0, f_acc + tail), min(1.0, g_acc)
+    return min(1.0, f_acc + tail), min(1.0, g_acc), math.sqrt(var)
+
+
+def fatal_at_count(model: Any, protection: Any, data_bytes: int, hours: float, index: int,
+                   k: int, draws: int = STRATUM_DRAWS) -> float:
+    """P(fatal | exactly ``k`` events) of event class ``index`` (in ``event_classes`` order),
+    from ``draws`` judged realizations (deterministic seed); 0 for a class without a
+    realization of a given count."""
+    lay = layout_for(protection, data_bytes)
+    cls = model.event_classes(lay.record, hours)[index]
+    if cls.realize is None:
+        return 0.0
+    rng = np.random.default_rng([index, draws, data_bytes, k, 7])
+    return math.fsum(judge(lay, cls.realize(k, rng))[0] for _ in range(draws)) / draws
+
+
+@dataclass(frozen=True)
+class ClassOutcome:
+    """One clustered class judged against a record: its rate, P(it fires in the record),
+    P(fatal | it fires), P(degraded | it fires), and the sampling standard error of the
+    fatal share (the judged draws' own; 0 when every draw agreed)."""
+
+    rate: Any
+    p_fire: float
+    fatal: float
+    degraded: float
+    fatal_se: float
 
 
 def class_outcomes(model: Any, protection: Any, data_bytes: int, hours: float,
                    draws: int = DRAWS, *, stratified: bool = False
                    ) -> list[tuple[Any, float, float, float]]:
     """Per clustered class: (its rate, P(it fires), P(fatal | it fires), P(degraded | it
-    fires)): :func:`judge` over ``draws`` of the class's own patterns. ``stratified``: per
-    event count instead (:func:`_stratified`, for classes with a known count law), exact
-    for rare combinations of several events (what a refresh schedule needs)."""
+    fires)) (:func:`class_judgements` without the standard errors)."""
+    return [(o.rate, o.p_fire, o.fatal, o.degraded)
+            for o in class_judgements(model, protection, data_bytes, hours, draws,
+                                      stratified=stratified)]
+
+
+def class_judgements(model: Any, protection: Any, data_bytes: int, hours: float,
+                     draws: int = DRAWS, *, stratified: bool = False) -> list[ClassOutcome]:
+    """Every clustered class of ``model`` judged by :func:`judge` over ``draws`` of its own
+    patterns. ``stratified``: per event count instead (:func:`_stratified`, for classes with
+    a known count law), exact for rare combinations of several events (what a refresh
+    schedule needs)."""
     lay = layout_for(protection, data_bytes)
     classes = [(i, c) for i, c in enumerate(model.event_classes(lay.record, hours))
                if c.rate.kind != "bit" and c.log_p0 != 0.0]
@@ -355,10 +430,10 @@ def class_outcomes(model: Any, protection: Any, data_bytes: int, hours: float,
                 continue
             rng = np.random.default_rng([i, draws, data_bytes])
             judged = [judge(lay, cls.draw_nonzero(rng)) for _ in range(draws)]
-            fatal.append((math.fsum(d for d, _ in judged) / draws,
-                          math.fsum((1 - d) * g for d, g in judged) / draws))
+            f, se = _mean_se([d for d, _ in judged])
+            fatal.append((f, math.fsum((1 - d) * g for d, g in judged) / draws, se))
         if len(_CACHE) >= 256:
             _CACHE.clear()
         _CACHE[key] = fatal
-    return [(c.rate, -math.expm1(c.log_p0), f, g)
-            for (_, c), (f, g) in zip(classes, fatal, strict=True)]
+    return [ClassOutcome(c.rate, -math.expm1(c.log_p0), f, g, se)
+            for (_, c), (f, g, se) in zip(classes, fatal, strict=True)]

@@ -40,10 +40,16 @@ from typing import Any
 import numpy as np
 
 from faultmodels.base import ErrorPattern, EventClass
+from rkv.faults.importance_framing import FramingPlant
 from rkv.faults.importance_shard import ShardPlant
 
 #: The conditional share of the defensive mixture when something is tilted.
 ALPHA = 0.5
+#: The share of planted framing patterns that are two bits (harmless, if the decoder tries
+#: every copy: the campaign checks it).
+PAIR_SHARE = 0.25
+#: Event counts tried for a class that is never fatal alone (lost sector pairs, triples).
+COMBO_COUNTS = (2, 3)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,15 @@ class TiltPlan:
     shard: tuple[int, ...] = ()
     shard_share: float = 0.0
     note: str = ""
+    #: the three prelude copies' offsets, planted like the header's (``plant_len`` 8)
+    prelude: tuple[int, ...] = ()
+    #: the share of planted framing patterns that are two bits (one bit in two copies of
+    #: the header or of the prelude: never fatal for a decoder that tries every copy)
+    pair_share: float = 0.0
+    #: further count tilts, each drawn instead of ``factors`` with an equal share of the
+    #: tilted part (classes that lose a block only as pairs or triples of their events, so
+    #: tilting them with the rest would swamp the other classes' weights)
+    extra: tuple[tuple[float, ...], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -81,7 +96,10 @@ class TiltPlan:
                    tuple((int(a), int(b)) for a, b in d["windows"]),
                    tuple(int(a) for a in d.get("plant", ())), int(d.get("plant_len", 0)),
                    float(d.get("plant_share", 0.0)), tuple(int(a) for a in d.get("shard", ())),
-                   float(d.get("shard_share", 0.0)), str(d.get("note", "")))
+                   float(d.get("shard_share", 0.0)), str(d.get("note", "")),
+                   tuple(int(a) for a in d.get("prelude", ())),
+                   float(d.get("pair_share", 0.0)),
+                   tuple(tuple(float(f) for f in e) for e in d.get("extra", ())))
 
 
 def _is_bit_class(c: EventClass, nbytes: int) -> bool:
@@ -107,6 +125,9 @@ class Sampler:
             raise ValueError(f"plan tilts {len(plan.factors)} classes, the model has "
                              f"{len(self.classes)}")
         self.plan = plan
+        self.tilts = (plan.factors, *plan.extra)
+        if any(len(f) != len(self.classes) for f in plan.extra):
+            raise ValueError("an extra tilt must have a factor per class")
         self.logz = [c.log_p0 for c in self.classes]
         total = math.fsum(self.logz)
         if not total < 0.0:
@@ -133,11 +154,10 @@ class Sampler:
         self.pc = plan.window_class if plan.plant_share > 0 else -1
         if self.pc >= 0:
             c = self.classes[self.pc]
-            if not _is_bit_class(c, nbytes) or len(plan.plant) != 3 or plan.plant_len <= 0:
+            if not _is_bit_class(c, nbytes) or len(plan.plant) != 3 or plan.plant_len <= 0 \
+                    or len(plan.prelude) not in (0, 3) or not 0.0 <= plan.pair_share < 1.0:
                 raise ValueError("planting needs an independent-bit class and three copies")
-            hb = 8 * plan.plant_len
-            # log |S| p^3: the uniform mixture over (pair of copies, bit, bit in the third)
-            self.plant_log = math.log(3.0 * hb * hb) + 3 * math.log(c.p)
+            self.framing = FramingPlant(plan, c.p)
         self.sc = plan.window_class if plan.shard_share > 0 else -1
         self.shard: ShardPlant | None = None
         if self.sc >= 0:
@@ -177,13 +197,14 @@ class Sampler:
 
     def _tilted(self, rng: np.random.Generator
                 ) -> tuple[list[int], list[ErrorPattern | None]]:
+        j = int(rng.integers(len(self.tilts))) if len(self.tilts) > 1 else 0
         counts: list[int] = []
         pats: list[ErrorPattern | None] = []
         for i, c in enumerate(self.classes):
-            if i == self.wc:
+            if i == self.wc and j == 0:
                 k, pat = self._window_draw(c, rng)
             else:
-                k, pat = c.draw_count(rng, self.plan.factors[i])
+                k, pat = c.draw_count(rng, self.tilts[j][i])
             counts.append(k)
             pats.append(pat)
         return counts, pats
@@ -200,12 +221,7 @@ class Sampler:
         if shard and self.shard is not None:
             i, planted = self.sc, self.shard.plant(rng)
         else:
-            hb = 8 * self.plan.plant_len
-            a, b = ((0, 1), (0, 2), (1, 2))[int(rng.integers(3))]
-            third = 3 - a - b
-            j, y = (int(v) for v in rng.integers(hb, size=2))
-            st = [8 * x for x in self.plan.plant]
-            i, planted = self.pc, np.array([st[a] + j, st[b] + j, st[third] + y], np.int64)
+            i, planted = self.pc, self.framing.plant(rng)
         old = pats[i]
         flips = np.unique(planted) if old is None else np.union1d(old.flips, planted)
         counts[i] = int(flips.size)
@@ -213,19 +229,9 @@ class Sampler:
         return counts, pats
 
     def _log_ratio_planted(self, pats: list[ErrorPattern | None]) -> float:
-        """log q_plant(x) / p(x) = log(#planting sets inside x) - log(|S| p^3)."""
+        """log q_plant(x) / p(x) (:meth:`FramingPlant.log_ratio`)."""
         pat = pats[self.pc]
-        if pat is None:
-            return -math.inf
-        hb = 8 * self.plan.plant_len
-        sets = []
-        for s0 in self.plan.plant:
-            f = pat.flips
-            sets.append(f[(f >= 8 * s0) & (f < 8 * s0 + hb)] - 8 * s0)
-        n = 0
-        for a, b, third in ((0, 1, 2), (0, 2, 1), (1, 2, 0)):
-            n += np.intersect1d(sets[a], sets[b], assume_unique=True).size * sets[third].size
-        return math.log(n) - self.plant_log if n else -math.inf
+        return -math.inf if pat is None else self.framing.log_ratio(pat.flips)
 
     def _window_draw(self, c: EventClass, rng: np.random.Generator
                      ) -> tuple[int, ErrorPattern | None]:
@@ -246,7 +252,18 @@ class Sampler:
 
     # -- the mixture's weight ------------------------------------------------------------
     def _log_ratio_tilted(self, counts: list[int], pats: list[ErrorPattern | None]) -> float:
-        """log q_tilted(x) / p(x) from the draw's counts (and the bit class's positions)."""
+        """log q_tilted(x) / p(x): the mean over the plan's count tilts of their ratios."""
+        if len(self.tilts) == 1:
+            return self._log_ratio_primary(counts, pats)
+        terms = [self._log_ratio_primary(counts, pats)]
+        for f in self.tilts[1:]:
+            terms.append(math.fsum(c.log_ratio(counts[i], f[i]) if f[i] != 1.0 else 0.0
+                                   for i, c in enumerate(self.classes)))
+        return _logsumexp(np.asarray(terms)) - math.log(len(self.tilts))
+
+    def _log_ratio_primary(self, counts: list[int], pats: list[ErrorPattern | None]
+                           ) -> float:
+        """log q(x) / p(x) of the primary tilt (``factors`` and the window tilt)."""
         total = 0.0
         for i, c in enumerate(self.classes):
             if i == self.wc:
@@ -324,7 +341,7 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
     * Nothing to tilt (``none``, ``raw``, or every class fatal on its own): ``alpha = 1``,
       plain conditional sampling.
     """
-    from rkv.faults.fatality import class_fatality, layout_for
+    from rkv.faults.fatality import class_fatality, fatal_at_count, layout_for
     from rkv.faults.reliability import RAW
     from rkv.record import copy_offsets
 
@@ -337,7 +354,9 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
         return TiltPlan(1.0, tuple(factors), note="raw: conditional sampling")
     lay = layout_for(protection, data_bytes)
     plant: tuple[int, ...] = ()
+    prelude: tuple[int, ...] = ()
     shard: tuple[int, ...] = ()
+    extra: list[tuple[float, ...]] = []
     for i, c in enumerate(classes):
         if not _is_bit_class(c, nbytes):
             continue
@@ -355,9 +374,10 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
                 h = 0
         if lay.kind != "detect" and h > 0 and 24 * h * c.p < 1.0:
             # The header's copies, where the record format puts them.
-            plant = copy_offsets(h, lay.record, lay.spread)[1]
+            plant, prelude = copy_offsets(h, lay.record, lay.spread)[::-1]
             window_class = i
-            notes.append(f"bits: header vote planted (3 copies of {h} bytes)")
+            notes.append(f"bits: framing planted (3 wrong bits in the 3 copies of the {h}-byte "
+                         f"header or of the prelude; {PAIR_SHARE:g} of them 2 bits)")
         if lay.kind in ("rs", "bch"):
             if lay.kind == "rs":
                 _, k, il, t = lay.params
@@ -385,14 +405,26 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
                  for i, (_, _, f) in zip(idx, judged, strict=True))
     for i, (_, _, f) in zip(idx, judged, strict=True):
         c = classes[i]
+        mean = c.mu if c.law == "poisson" else c.units * c.p
+        if single and f == 0.0 and c.law is not None and 0.0 < mean < 1.0:
+            # Never fatal alone, but perhaps as a pair or triple (lost sectors in three
+            # shards): its own tilt to that count, a component of its own.
+            for k in COMBO_COUNTS:
+                fk = fatal_at_count(model, protection, data_bytes, hours, i, k)
+                if fk > 0.0:
+                    s = k / mean if c.law == "poisson" else min(k / mean, 0.5 / c.p)
+                    extra.append(tuple(s if j == i else 1.0 for j in range(len(classes))))
+                    notes.append(f"{c.rate.kind} ({c.rate.label or i}): count tilt {s:.3g}x "
+                                 f"alone (never fatal alone, {fk:.3g} of {k} events are)")
+                    break
+            continue
         if c.law is None or f >= 0.5 or (single and f == 0.0):
             continue
-        mean = c.mu if c.law == "poisson" else c.units * c.p
         if 0.0 < mean < 1.0:
             factors[i] = 1.0 / mean if c.law == "poisson" else min(1.0 / mean, 0.5 / c.p)
             notes.append(f"{c.rate.kind} ({c.rate.label or i}): count tilt {factors[i]:.3g}x "
                          f"(fatal alone {f:.3g})")
-    tilt = bool(windows) or any(f != 1.0 for f in factors)
+    tilt = bool(windows) or any(f != 1.0 for f in factors) or bool(extra)
     parts = int(tilt) + int(bool(plant)) + int(bool(shard))
     if not parts:
         return TiltPlan(1.0, tuple(factors), note="nothing rare to tilt: conditional sampling")
@@ -400,7 +432,8 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
     share = (1.0 - alpha) / parts
     return TiltPlan(alpha, tuple(factors), window_class, window_p, windows, plant,
                     lay.hlen if plant else 0, share if plant else 0.0, shard,
-                    share if shard else 0.0, note="; ".join(notes))
+                    share if shard else 0.0, "; ".join(notes), prelude,
+                    PAIR_SHARE if plant else 0.0, tuple(extra))
 
 
 # -- the estimate --------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from rkv.blockcodec import codec_for
 from rkv.ecc.base import Part, Units
 from rkv.errors import ConfigError
 from rkv.pipeline import Pipeline
+from rkv.record import PRELUDE_BYTES
 
 #: Collision probability of the end-to-end checksum (xxh3_128) for a wrong block.
 CHECKSUM_MISS = 2.0 ** -128
@@ -61,6 +62,9 @@ class Prediction:
     p_sdc: float              # wrong data returned without complaint
     p_sdc_unchecked: float    # ... if there were no end-to-end checksum
     p_degraded: float = 0.0   # a tolerant part failed, the rest verified: bounded noise
+    #: The standard error of ``p_due`` from judging sampled patterns of clustered classes
+    #: (:func:`rkv.faults.fatality.class_judgements`); 0 where every term is exact.
+    p_due_se: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,17 +164,40 @@ def _log_bits_ok(g: Units, payload: int, p_bit: float) -> float:
     return out
 
 
-def _log_header_ok(header_copy: int, p_bit: float) -> float:
-    """log P(the header survives): it is lost only if no copy is intact and some bit
-    position is wrong in two copies or more (the bitwise majority vote then fails)."""
+def _log_copies_ok(copy_bytes: int, p_bit: float) -> float:
+    """log P(three voted copies of ``copy_bytes`` bytes survive independent bit errors).
+
+    The decoder tries each copy and then the bitwise vote (docs/format.md), so the copies are
+    lost exactly when every copy holds an error and some bit position is wrong in two copies
+    or more. With ``N`` bits per copy, ``P(lost) = P(all hit) - P(all hit, no position wrong
+    twice)``; the second term is ``a^N sum_{j >= 3} C(N, j) x^j S(j)`` with ``a = (1 - p)^3``,
+    ``x = p / (1 - p)`` and ``S(j) = 3^j - 3 2^j + 3`` the ways to spread ``j`` single-copy
+    errors so that every copy gets one (each position is clean or wrong in exactly one copy).
+    Every term is positive, so the sum keeps its digits however small ``p`` is; the difference
+    loses about ``log10(N)`` of them."""
+    if not copy_bytes or p_bit <= 0.0:
+        return 0.0
+    n = 8 * copy_bytes
+    log_hit = math.log(-math.expm1(n * math.log1p(-p_bit))) if p_bit < 1.0 else 0.0
+    all_hit = math.exp(3 * log_hit)
+    if p_bit >= 0.5:
+        return _log1m(all_hit)      # (not a regime a stored record meets; keep it finite)
+    j = np.arange(3, n + 1, dtype=np.float64)
+    lg = np.vectorize(math.lgamma)
+    log_surj = j * math.log(3.0) + np.log1p(-3.0 * (2.0 / 3.0) ** j + 3.0 * 3.0 ** -j)
+    terms = (math.lgamma(n + 1) - lg(j + 1) - lg(n - j + 1) + j * math.log(p_bit / (1 - p_bit))
+             + log_surj + 3 * n * math.log1p(-p_bit))
+    top = float(terms.max())
+    spread = math.exp(top + math.log(float(np.exp(terms - top).sum())))
+    return _log1m(max(0.0, all_hit - spread))
+
+
+def _log_framing_ok(header_copy: int, p_bit: float) -> float:
+    """log P(the record's framing survives independent bit errors): the three header
+    copies and, independently (disjoint bytes), the three 8-byte preludes."""
     if not header_copy:
         return 0.0
-    qh = -math.expm1(8 * header_copy * math.log1p(-p_bit))
-    twice = 3 * p_bit * p_bit * (1 - p_bit) + p_bit ** 3
-    pos = -math.expm1(8 * header_copy * _log1m(twice))   # twice may round to 1
-    # P(no intact copy) x P(a position is wrong twice | every copy has errors).
-    fail = qh ** 3 * min(1.0, pos / (qh * qh)) if qh > 0 else 0.0
-    return _log1m(fail)
+    return _log_copies_ok(header_copy, p_bit) + _log_copies_ok(PRELUDE_BYTES, p_bit)
 
 
 def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
@@ -178,17 +205,18 @@ def _events(model: Any, nbytes: int, hours: float) -> list[Any]:
 
 
 def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *,
-            ber_multiplier: float = 1.0, exact_counts: bool = False) -> Prediction:
+            ber_multiplier: float = 1.0, exact_counts: bool = True) -> Prediction:
     """Outcome probabilities for one block stored under ``protection`` (a codec spec,
     ``"none"``, ``"raw"``, or a :class:`~rkv.pipeline.Pipeline`) for ``hours``: a pure
     function of the pipeline, the block's data bytes (after any quantizer), the fault model
     and the residency. ``ber_multiplier`` judges the accelerated model
     (:func:`faultmodels.accelerate`), as a campaign with that multiplier injects it.
-    ``exact_counts``: judge each clustered class per event count with the exact count law
-    (:func:`rkv.faults.fatality.class_outcomes` ``stratified``), so that several
-    individually correctable events of one class (three lost sectors against a two-parity
-    shard code) count at their exact probability however rare; off (the default, the
-    numbers documented everywhere), they count as a fraction of the sampled draws."""
+    ``exact_counts`` (the default): judge each clustered class per event count with the
+    exact count law (:func:`rkv.faults.fatality.class_judgements` ``stratified``), so that
+    several individually correctable events of one class (three lost sectors against a
+    two-parity shard code) count at their exact probability however rare; off, they count
+    as a fraction of the sampled draws and can round to 0 (10-20 % faster). ``p_due_se``
+    of the result is the standard error that judging sampled patterns leaves."""
     if data_bytes <= 0:
         raise ConfigError("data_bytes must be positive")
     if isinstance(ber_multiplier, bool) or ber_multiplier != 1.0:
@@ -217,6 +245,7 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
     log_ok = 0.0          # log P(no fatal event and background within capability)
     log_undetected = 0.0  # raw: log P(no undetected error)
     log_reported = 0.0    # log P(no fatal event the medium reports)
+    var = 0.0             # of p_due, from sampled class judgements
     p_bit = 0.0
     for ev in _events(model, record, hours):
         kind = str(getattr(ev, "kind", "bit"))
@@ -235,11 +264,13 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
         # Clustered classes: judged by their own footprint distribution against the record's
         # layout (rkv.faults.fatality), so strides that alias with interleaving, several
         # sectors in one record and damage that spares the data bytes all count as they are.
-        from rkv.faults.fatality import class_fatality
+        from rkv.faults.fatality import class_judgements
 
-        for rate, p_fire, fatal in class_fatality(model, protection, data_bytes, hours,
-                                                  stratified=exact_counts):
+        for o in class_judgements(model, protection, data_bytes, hours,
+                                  stratified=exact_counts):
+            rate, p_fire, fatal = o.rate, o.p_fire, o.fatal
             log_ok += _log1m(p_fire * fatal)
+            var += (p_fire * o.fatal_se) ** 2
             if bool(getattr(rate, "detected", False)):
                 # The medium reports these (erasures): a decoder given more erasures than it
                 # can rebuild says so, it cannot return a wrong word from them.
@@ -249,7 +280,7 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
         if g.kind == "raw":
             log_undetected += 8 * payload * math.log1p(-p_bit)
         else:
-            log_ok += _log_bits_ok(g, payload, p_bit) + _log_header_ok(header_copy, p_bit)
+            log_ok += _log_bits_ok(g, payload, p_bit) + _log_framing_ok(header_copy, p_bit)
     if g.kind == "raw":
         p_due = -math.expm1(log_ok)
         p_sdc = -math.expm1(log_undetected) * (1 - p_due)
@@ -264,27 +295,29 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
         # Only losses the medium did not report can come back miscorrected without a check.
         unchecked = max(0.0, -math.expm1(log_ok - log_reported)) * g.miss
     name = protection if isinstance(protection, str) else protection.spec
-    return Prediction(name, record, *(v if v > 0 else 0.0 for v in (
-        p_error, p_corrected, p_due, p_sdc, unchecked)))
+    e, c, d, s, u = (v if v > 0 else 0.0 for v in (p_error, p_corrected, p_due, p_sdc,
+                                                   unchecked))
+    return Prediction(name, record, e, c, d, s, u, p_due_se=math.sqrt(var))
 
 
 def _predict_parts(pipe: Pipeline, parts: tuple[Part, ...], data_bytes: int, model: Any,
-                   hours: float, exact_counts: bool = False) -> Prediction:
+                   hours: float, exact_counts: bool = True) -> Prediction:
     """A layout of independently decoded parts (byte planes) in one record: background bits
     per part through its own units; clustered classes judged against the whole record
     (:func:`rkv.faults.fatality.judge`), so an event that spans two parts fails both at once.
     The read fails when the header or a strict part fails; it is degraded when only tolerant
     parts fail."""
-    from rkv.faults.fatality import class_outcomes, layout_for
+    from rkv.faults.fatality import class_judgements, layout_for
 
     lay = layout_for(pipe, data_bytes)
     record = lay.record
     p_error = float(model.p_any_error(record, hours))
     p_bit = sum(float(getattr(ev, "mean", 0.0)) for ev in _events(model, record, hours)
                 if str(getattr(ev, "kind", "bit")) == "bit") / (8 * record)
-    log_strict = log_tol = log_reported = 0.0
-    for rate, p_fire, fatal, degrade in class_outcomes(model, pipe, data_bytes, hours,
-                                                       stratified=exact_counts):
+    log_strict = log_tol = log_reported = var = 0.0
+    for o in class_judgements(model, pipe, data_bytes, hours, stratified=exact_counts):
+        rate, p_fire, fatal, degrade = o.rate, o.p_fire, o.fatal, o.degraded
+        var += (p_fire * o.fatal_se) ** 2
         log_strict += _log1m(p_fire * fatal)
         log_tol += _log1m(p_fire * degrade)
         if bool(getattr(rate, "detected", False)):
@@ -297,7 +330,7 @@ def _predict_parts(pipe: Pipeline, parts: tuple[Part, ...], data_bytes: int, mod
                 log_tol += term
             else:
                 log_strict += term
-        log_strict += _log_header_ok(lay.hlen, p_bit)
+        log_strict += _log_framing_ok(lay.hlen, p_bit)
     p_due = min(p_error, -math.expm1(log_strict))
     p_degraded = max(0.0, math.exp(log_strict) * -math.expm1(log_tol))
     # Each part has its own checksum: a miscorrected part passes only by a collision.
@@ -309,4 +342,4 @@ def _predict_parts(pipe: Pipeline, parts: tuple[Part, ...], data_bytes: int, mod
                     + p_degraded * miss_tol)
     p_corrected = max(0.0, p_error - p_due - p_degraded)
     return Prediction(pipe.spec, record, p_error, p_corrected, p_due, p_sdc, unchecked,
-                      p_degraded)
+                      p_degraded, math.sqrt(var))
