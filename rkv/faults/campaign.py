@@ -363,11 +363,11 @@ def run_with_raw(cfg: CampaignConfig, *, compare_raw: bool = True,
 
 def tilt_plan(cfg: CampaignConfig, record: int) -> dict[str, Any] | None:
     """The importance-sampling plan of ``cfg`` for records of ``record`` bytes (None when
-    ``tilt`` is 0): ``"auto"`` is :func:`rkv.faults.importance.auto_plan`, a number tilts
+    ``tilt`` is 0): ``"auto"`` is :func:`rkv.faults.importance_plan.auto_plan`, a number tilts
     every class's count by that factor."""
     if not cfg.tilt:
         return None
-    from rkv.faults.importance import auto_plan, uniform_plan
+    from rkv.faults.importance_plan import auto_plan, uniform_plan
 
     model = cfg.model()
     if cfg.tilt == "auto":

@@ -42,14 +42,10 @@ import numpy as np
 from faultmodels.base import ErrorPattern, EventClass
 from rkv.faults.importance_framing import FramingPlant
 from rkv.faults.importance_shard import ShardPlant
+from rkv.faults.importance_strata import StrataPlant
 
 #: The conditional share of the defensive mixture when something is tilted.
 ALPHA = 0.5
-#: The share of planted framing patterns that are two bits (harmless, if the decoder tries
-#: every copy: the campaign checks it).
-PAIR_SHARE = 0.25
-#: Event counts tried for a class that is never fatal alone (lost sector pairs, triples).
-COMBO_COUNTS = (2, 3)
 
 
 @dataclass(frozen=True)
@@ -83,6 +79,11 @@ class TiltPlan:
     #: tilted part (classes that lose a block only as pairs or triples of their events, so
     #: tilting them with the rest would swamp the other classes' weights)
     extra: tuple[tuple[float, ...], ...] = ()
+    #: a class whose single event comes in strata, planted from stratum ``strata_from`` up
+    #: (:mod:`rkv.faults.importance_strata`) with probability ``strata_share``
+    strata_class: int = -1
+    strata_from: int = 0
+    strata_share: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -99,7 +100,9 @@ class TiltPlan:
                    float(d.get("shard_share", 0.0)), str(d.get("note", "")),
                    tuple(int(a) for a in d.get("prelude", ())),
                    float(d.get("pair_share", 0.0)),
-                   tuple(tuple(float(f) for f in e) for e in d.get("extra", ())))
+                   tuple(tuple(float(f) for f in e) for e in d.get("extra", ())),
+                   int(d.get("strata_class", -1)), int(d.get("strata_from", 0)),
+                   float(d.get("strata_share", 0.0)))
 
 
 def _is_bit_class(c: EventClass, nbytes: int) -> bool:
@@ -165,6 +168,10 @@ class Sampler:
             if not _is_bit_class(c, nbytes):
                 raise ValueError("shard planting needs an independent-bit class")
             self.shard = ShardPlant(plan.shard, c.p, nbytes)
+        self.stc = plan.strata_class if plan.strata_share > 0 else -1
+        self.strata = StrataPlant(self.classes[self.stc], plan.strata_from) \
+            if self.stc >= 0 else None
+        self._j = -1          # the stratum of the strata class's single event in this draw
 
     # -- the two components --------------------------------------------------------------
     def _conditional(self, rng: np.random.Generator
@@ -177,7 +184,7 @@ class Sampler:
         chosen = False
         for i, c in enumerate(self.classes):
             if chosen or self.logz[i] == 0.0:
-                k, pat = c.draw_count(rng) if chosen else (0, None)
+                k, pat = self._count(i, c, rng) if chosen else (0, None)
             else:
                 lz, rest = self.logz[i], self.suffix[i]
                 q = 1.0 if lz == rest else math.expm1(lz) / math.expm1(rest)
@@ -188,7 +195,7 @@ class Sampler:
                     else:
                         k = (zt_poisson(c.mu, rng) if c.law == "poisson"
                              else zt_binomial(c.units, c.p, rng))
-                        pat = c.realize(k, rng)
+                        pat = self._realize(i, c, k, rng)
                 else:
                     k, pat = 0, None
             counts.append(k)
@@ -204,21 +211,47 @@ class Sampler:
             if i == self.wc and j == 0:
                 k, pat = self._window_draw(c, rng)
             else:
-                k, pat = c.draw_count(rng, self.tilts[j][i])
+                k, pat = self._count(i, c, rng, self.tilts[j][i])
             counts.append(k)
             pats.append(pat)
         return counts, pats
 
-    def _planted(self, rng: np.random.Generator, shard: bool = False
+    def _count(self, i: int, c: EventClass, rng: np.random.Generator, s: float = 1.0
+               ) -> tuple[int, ErrorPattern | None]:
+        """`EventClass.draw_count`, with the strata class's single event drawn through its
+        strata (equal in law; the stratum is remembered for the weight)."""
+        if i != self.stc:
+            return c.draw_count(rng, s)
+        k = int(rng.poisson(s * c.mu))
+        return k, (self._realize(i, c, k, rng) if k else None)
+
+    def _realize(self, i: int, c: EventClass, k: int, rng: np.random.Generator
+                 ) -> ErrorPattern:
+        if i == self.stc and k == 1 and self.strata is not None:
+            pat, self._j = self.strata.one(rng)
+            return pat
+        assert c.realize is not None
+        return c.realize(k, rng)
+
+    def _planted(self, rng: np.random.Generator, what: str = "framing"
                  ) -> tuple[list[int], list[ErrorPattern | None]]:
-        """Every class at its own law, then three header bits (or, ``shard``, the shard
-        code's ``m + 1``) forced wrong."""
-        counts, pats = [], []
-        for c in self.classes:
-            k, pat = c.draw_count(rng)
+        """Every class at its own law, then (``what``) wrong framing bits, the shard code's
+        ``m + 1`` bits (``"shard"``) forced wrong, or the strata class's one event from a
+        planted stratum (``"strata"``)."""
+        counts: list[int] = []
+        pats: list[ErrorPattern | None] = []
+        for i, c in enumerate(self.classes):
+            pat: ErrorPattern | None
+            if i == self.stc and what == "strata" and self.strata is not None:
+                pat, self._j = self.strata.one(rng, planted=True)
+                k = 1
+            else:
+                k, pat = self._count(i, c, rng)
             counts.append(k)
             pats.append(pat)
-        if shard and self.shard is not None:
+        if what == "strata":
+            return counts, pats
+        if what == "shard" and self.shard is not None:
             i, planted = self.sc, self.shard.plant(rng)
         else:
             i, planted = self.pc, self.framing.plant(rng)
@@ -283,14 +316,18 @@ class Sampler:
         """One block's pattern and its log weight log p(x) / q(x)."""
         alpha, gamma = self.plan.alpha, (self.plan.plant_share if self.pc >= 0 else 0.0)
         delta = self.plan.shard_share if self.shard is not None else 0.0
-        beta = max(0.0, 1.0 - alpha - gamma - delta)
+        eps = self.plan.strata_share if self.strata is not None else 0.0
+        beta = max(0.0, 1.0 - alpha - gamma - delta - eps)
         u = rng.random() if alpha < 1.0 else 0.0
+        self._j = -1
         if u < alpha:
             counts, pats = self._conditional(rng)
         elif u < alpha + gamma:
             counts, pats = self._planted(rng)
         elif u < alpha + gamma + delta:
-            counts, pats = self._planted(rng, shard=True)
+            counts, pats = self._planted(rng, "shard")
+        elif u < alpha + gamma + delta + eps:
+            counts, pats = self._planted(rng, "strata")
         else:
             counts, pats = self._tilted(rng)
         parts = [p for p in pats if p is not None]
@@ -306,134 +343,11 @@ class Sampler:
             sp = pats[self.sc]
             terms.append(math.log(delta) + (self.shard.log_ratio(sp.flips) if sp is not None
                                             else -math.inf))
+        if eps > 0.0 and self.strata is not None:
+            terms.append(math.log(eps) + self.strata.log_ratio(counts[self.stc], self._j))
         if any(counts) and alpha > 0.0:
             terms.append(math.log(alpha) - self.log_p_any)
         return pattern, -_logsumexp(np.asarray(terms))
-
-
-# -- choosing the plan ---------------------------------------------------------------------
-def uniform_plan(model: Any, nbytes: int, hours: float, s: float,
-                 alpha: float = ALPHA) -> TiltPlan:
-    """Every class with a known count law tilted by the same factor ``s``."""
-    classes = model.event_classes(nbytes, hours)
-    factors = tuple(float(s) if c.law is not None else 1.0 for c in classes)
-    return TiltPlan(alpha, factors, note=f"every class's count tilted by {s:g}")
-
-
-def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: float
-              ) -> TiltPlan:
-    """The tilt a campaign uses with ``tilt = "auto"``.
-
-    * Independent bit errors under a code that corrects ``t`` symbols per unit (RS, BCH):
-      the window tilt, one window per decoding unit's data bytes in the record, with the bit
-      probability that puts ``t + 1`` wrong symbols in the window's codeword on average
-      (the mean shifted to the failure threshold: the exponential tilt that is efficient for
-      a tail ``P(K > t)``). Under a shard code: the shard planting (``m // 2 + 1`` wrong
-      bytes in one column, ``m + 1`` damaged shards: the fewest bits that lose a block).
-    * A clustered class (sector, row, poison, ...) whose single event is fatal less than half
-      of the time (``rkv.faults.fatality.class_fatality``): its count tilted to one event per
-      record on average, so that combinations of events are drawn; classes that are fatal on
-      their own are left to the conditional half of the mixture. When some class is fatal
-      alone sometimes, classes never fatal alone are not tilted (they would only add
-      second-order combinations and weight variance).
-    * Shares: ``alpha = 0.5`` with one other part (tilt, header planting, shard planting),
-      ``0.25`` with two or more; the rest split evenly.
-    * Nothing to tilt (``none``, ``raw``, or every class fatal on its own): ``alpha = 1``,
-      plain conditional sampling.
-    """
-    from rkv.faults.fatality import class_fatality, fatal_at_count, layout_for
-    from rkv.faults.reliability import RAW
-    from rkv.record import copy_offsets
-
-    classes = model.event_classes(nbytes, hours)
-    factors = [1.0] * len(classes)
-    notes: list[str] = []
-    window_class, window_p = -1, 0.0
-    windows: tuple[tuple[int, int], ...] = ()
-    if protection == RAW:
-        return TiltPlan(1.0, tuple(factors), note="raw: conditional sampling")
-    lay = layout_for(protection, data_bytes)
-    plant: tuple[int, ...] = ()
-    prelude: tuple[int, ...] = ()
-    shard: tuple[int, ...] = ()
-    extra: list[tuple[float, ...]] = []
-    for i, c in enumerate(classes):
-        if not _is_bit_class(c, nbytes):
-            continue
-        h = lay.hlen
-        if lay.kind == "shard":
-            # Both plantings need the fewest bits of their failure; drop the header's when
-            # its share of the planted mass (|W| p^(bits), to leading order) is below 1e-3.
-            k, m, s, check = lay.params
-            shard = (lay.payload_off, k + m, m, s, check)
-            window_class = i
-            notes.append(f"bits: shard columns planted ({m // 2 + 1} wrong bytes in a column "
-                         f"of {k + m} shards, {m + 1} damaged shards)")
-            if h > 0 and math.log(3 * (8 * h) ** 2) + 3 * math.log(c.p) < \
-                    ShardPlant(shard, c.p, nbytes).log_norm + math.log(1e-3):
-                h = 0
-        if lay.kind != "detect" and h > 0 and 24 * h * c.p < 1.0:
-            # The header's copies, where the record format puts them.
-            plant, prelude = copy_offsets(h, lay.record, lay.spread)[::-1]
-            window_class = i
-            notes.append(f"bits: framing planted (3 wrong bits in the 3 copies of the {h}-byte "
-                         f"header or of the prelude; {PAIR_SHARE:g} of them 2 bits)")
-        if lay.kind in ("rs", "bch"):
-            if lay.kind == "rs":
-                _, k, il, t = lay.params
-                span = k * il
-                q = min(0.5, (t + 1) / k)                 # byte error probability wanted
-                pt = -math.expm1(math.log1p(-q) / 8)
-            else:
-                span, _, t = lay.params
-                pt = min(0.5, (t + 1) / (8 * span))
-            if pt > c.p:
-                starts = range(lay.payload_off, lay.payload_off + lay.data, span)
-                windows = tuple((a, min(span, lay.payload_off + lay.data - a)) for a in starts)
-                window_class, window_p = i, pt
-                notes.append(f"bits: window tilt {pt / c.p:.3g}x over {len(windows)} "
-                             f"{lay.kind} units of {span} data bytes (t + 1 = {t + 1} per unit)")
-    # class_fatality judges the clustered classes in event_classes order (at the layout's
-    # record size, which is the stored record's).
-    idx = [i for i, c in enumerate(classes) if c.rate.kind != "bit" and c.log_p0 != 0.0]
-    judged = class_fatality(model, protection, data_bytes, hours)
-    if len(judged) != len(idx) or lay.record != nbytes:
-        idx, judged = [], []
-    # Classes that are sometimes fatal alone are the route to a loss; classes never fatal
-    # alone matter only in combination, so they are tilted only when no class is.
-    single = any(0.0 < f < 0.5 and classes[i].law is not None
-                 for i, (_, _, f) in zip(idx, judged, strict=True))
-    for i, (_, _, f) in zip(idx, judged, strict=True):
-        c = classes[i]
-        mean = c.mu if c.law == "poisson" else c.units * c.p
-        if single and f == 0.0 and c.law is not None and 0.0 < mean < 1.0:
-            # Never fatal alone, but perhaps as a pair or triple (lost sectors in three
-            # shards): its own tilt to that count, a component of its own.
-            for k in COMBO_COUNTS:
-                fk = fatal_at_count(model, protection, data_bytes, hours, i, k)
-                if fk > 0.0:
-                    s = k / mean if c.law == "poisson" else min(k / mean, 0.5 / c.p)
-                    extra.append(tuple(s if j == i else 1.0 for j in range(len(classes))))
-                    notes.append(f"{c.rate.kind} ({c.rate.label or i}): count tilt {s:.3g}x "
-                                 f"alone (never fatal alone, {fk:.3g} of {k} events are)")
-                    break
-            continue
-        if c.law is None or f >= 0.5 or (single and f == 0.0):
-            continue
-        if 0.0 < mean < 1.0:
-            factors[i] = 1.0 / mean if c.law == "poisson" else min(1.0 / mean, 0.5 / c.p)
-            notes.append(f"{c.rate.kind} ({c.rate.label or i}): count tilt {factors[i]:.3g}x "
-                         f"(fatal alone {f:.3g})")
-    tilt = bool(windows) or any(f != 1.0 for f in factors) or bool(extra)
-    parts = int(tilt) + int(bool(plant)) + int(bool(shard))
-    if not parts:
-        return TiltPlan(1.0, tuple(factors), note="nothing rare to tilt: conditional sampling")
-    alpha = ALPHA if parts == 1 else ALPHA / 2
-    share = (1.0 - alpha) / parts
-    return TiltPlan(alpha, tuple(factors), window_class, window_p, windows, plant,
-                    lay.hlen if plant else 0, share if plant else 0.0, shard,
-                    share if shard else 0.0, "; ".join(notes), prelude,
-                    PAIR_SHARE if plant else 0.0, tuple(extra))
 
 
 # -- the estimate --------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from faultmodels.base import ErrorPattern, EventRate, poisson_class
 from rkv import ConfigError
 from rkv.faults.campaign import CampaignConfig, replay_trial, run_campaign
 from rkv.faults.fatality import layout_for
-from rkv.faults.importance import Sampler, TiltPlan, auto_plan, estimate
+from rkv.faults.importance import Sampler, TiltPlan, estimate
+from rkv.faults.importance_plan import auto_plan
 from rkv.faults.importance_shard import ShardPlant
 
 SMALL: dict[str, Any] = {"chunk_tokens": 64, "kv_heads": 1, "head_dim": 64}
