@@ -28,6 +28,13 @@ def raw(ber: float) -> dict[str, Any]:
     return {"model": "raw-ber", "ber": ber}
 
 
+#: DDR5 with only its word and row faults (SC12 rates), the faults that hit one device lane.
+_OFF = {"fit_transient": 0.0, "fit_permanent": 0.0}
+LANES = {"preset": "dram-ddr5", "modes": {
+    "single-word": {"fit_transient": 1.4, "fit_permanent": 0.3},
+    "single-row": {"fit_transient": 0.2, "fit_permanent": 8.2},
+    "single-bank": _OFF, "multi-bank": _OFF, "multi-rank": _OFF}}
+
 # (label, fault model, protection, hours, shape, plain sampling, plain trials, IS trials)
 POINTS: list[tuple[str, Any, str, float, dict[str, int], str, int, int]] = [
     ("raw-ber 1e-3, 16 KiB", raw(1e-3), "rs(255,239)", 1.0, SMALL, "direct", 300, 40),
@@ -39,11 +46,16 @@ POINTS: list[tuple[str, Any, str, float, dict[str, int], str, int, int]] = [
     ("raw-ber 1e-8, 16 KiB", raw(1e-8), "shardrs(k=8,m=2)", 1.0, SMALL, "conditional", 40, 40),
     ("raw-ber 1e-9, 192 KiB", raw(1e-9), "shardrs(k=16,m=2)", 1.0, FULL, "conditional", 40,
      40),
-    # The NVMe loss: a lost sector is rebuilt as erasures, so what remains is a run of
-    # silently corrupted blocks over three shards at overlapping columns (1e-5 of faulty
-    # blocks); the tilted silent class reaches it, with more blocks for a usable error.
+    # The NVMe loss: lost sectors are rebuilt as erasures, so what remains is one latent
+    # sector error with two clustered neighbours in the record (three shards) and a run of
+    # silently corrupted blocks over three shards (1e-5 of faulty blocks together); the
+    # strata plant and the tilted silent class reach them.
     ("nvme-tlc 24 h, 192 KiB", "nvme-tlc", "shardrs(k=16,m=2)", 24.0, FULL, "conditional",
      600, 400),
+    # DRAM lane faults (word and row faults: one device lane of every word they span)
+    # against an interleaved code: aliasing of the lane stride with the interleave.
+    ("dram-ddr5 words+rows 720 h, 192 KiB", LANES,
+     "rs(255,239,interleave=16)", 720.0, FULL, "conditional", 40, 40),
 ]
 
 
