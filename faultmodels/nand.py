@@ -7,7 +7,9 @@ primary source):
   PE/P0)^alpha * (t / 1 h)^beta``, fitted to published points (`faultmodels.nand_field`,
   docs/faultmodels/nvme.md): r0 = 4.2e-8, P0 = 100, alpha = 1.92, beta = 0.273; fresh
   devices about 1e-7 after a day, 7.4e-5 at 3,000 P/E cycles (Mielke et al., IRPS 2008;
-  Cai et al., DATE 2012; Luo et al., SIGMETRICS 2018; secondary). ``rber_form = "luo"``
+  Cai et al., DATE 2012; Luo et al., SIGMETRICS 2018; secondary). alpha rests on the one
+  assumed fresh point; field data grow about linearly with wear (alpha = 1; Schroeder et
+  al., FAST 2016): a documented sweep range of 1.0 .. 2.6. ``rber_form = "luo"``
   keeps the older ``exp((a*PE + b)*ln(t_s) + c*PE + d)`` form (a = 7.92e-6, b = 0.25,
   c = 3.28e-5, d = -12.72; simulator configurations, secondary), which barely responds to
   wear.
@@ -28,7 +30,9 @@ primary source):
   (Schroeder, Lagisetty & Merchant, FAST 2016), yet only 20-63 % of drives see one in 4 years:
   a gamma multiplier per drive (shape ``drive_shape``, mean 1) fitted to both; ``drive``
   chooses the drive (``"mean"``, the default, or a quantile); spatial clustering: the chance
-  of another latent sector error within 10 MB is 0.5 (Bairavasundaram et al., SIGMETRICS 2007).
+  of another latent sector error within 10 MB is 0.5 (Bairavasundaram et al., SIGMETRICS 2007:
+  hard disks, applied to flash as an assumption; documented sweep ranges ``cluster_p`` 0 ..
+  0.75, ``cluster_bytes`` 1 .. 100 MB).
 * Silent corruption: checksum mismatches on 0.466% (nearline) / 0.042% (enterprise) of
   disks per year, often in runs of adjacent blocks (Bairavasundaram et al., FAST 2008; hard
   disks behind a storage controller, applied to SSDs as an assumption). Not detected.
@@ -137,8 +141,12 @@ class NandModel(FaultModel):
                lo_open=True))
         set_(self, "activation_energy_ev",
              f(self.activation_energy_ev, "nand.activation_energy_ev", lo=0.0))
-        for k in ("rber_a", "rber_b", "rber_c", "rber_d", "rber_pe_exp", "rber_time_exp"):
+        for k in ("rber_a", "rber_b", "rber_c", "rber_d"):
             set_(self, k, f(getattr(self, k), f"nand.{k}"))
+        # Negative exponents would make wear or time heal the flash (documented sweep ranges:
+        # docs/faultmodels/nvme.md, "Inputs that rest on little").
+        for k in ("rber_pe_exp", "rber_time_exp"):
+            set_(self, k, f(getattr(self, k), f"nand.{k}", lo=0.0))
         set_(self, "rber_form", one_of(self.rber_form, RBER_FORMS, "nand.rber_form"))
         set_(self, "rber_fresh", f(self.rber_fresh, "nand.rber_fresh", lo=0.0, hi=0.5))
         set_(self, "rber_pe_scale", f(self.rber_pe_scale, "nand.rber_pe_scale", lo=0.0,
