@@ -1,7 +1,7 @@
 """rkv: a reliability-aware tiered storage engine for LLM KV caches."""
 
-from rkv.config import EngineConfig, TierConfig
-from rkv.engine import BlockStatus, Engine, GetResult, PutResult, VerifyReport
+from typing import TYPE_CHECKING, Any
+
 from rkv.errors import (
     ChecksumError,
     ConfigError,
@@ -23,7 +23,36 @@ from rkv.errors import (
     UncorrectableError,
     UnknownFormatError,
 )
-from rkv.model import ModelSpec
+
+if TYPE_CHECKING:
+    from rkv.config import EngineConfig, TierConfig
+    from rkv.engine import BlockStatus, Engine, GetResult, PutResult, VerifyReport
+    from rkv.model import ModelSpec
+
+#: Public names loaded on first use, so that ``import rkv`` (and ``rkv --help``, or a
+#: serving engine's launcher that forks workers) does not load numpy, numba, LMDB and the
+#: engine: the errors above are plain Python.
+_LAZY = {
+    "EngineConfig": "rkv.config", "TierConfig": "rkv.config", "ModelSpec": "rkv.model",
+    "BlockStatus": "rkv.engine", "Engine": "rkv.engine", "GetResult": "rkv.engine",
+    "PutResult": "rkv.engine", "VerifyReport": "rkv.engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rkv' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value          # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __version__ = "0.1.0"
 
