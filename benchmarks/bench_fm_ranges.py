@@ -46,6 +46,7 @@ from typing import Any
 import faultmodels
 from rkv.faults.reliability import predict
 from rkv.faults.schedule import MAX_HOURS, schedule
+from rkv.faults.schedule_info import human_hours
 
 PRESET = "nvme-tlc"
 CODES = ("shardrs(k=16,m=2)", "none")
@@ -154,18 +155,9 @@ def save(data: dict[str, Any]) -> None:
 
 
 def age(h: float | None) -> str:
-    """Hours as a short age: never (None/inf), min, h, d or y."""
-    if h is None or math.isinf(h):
-        return "never (100 y)"
-    if h <= 0.0:
-        return "infeasible"
-    if h < 1.0:
-        return f"{h * 60:.3g} min"
-    if h < 48.0:
-        return f"{h:.3g} h"
-    if h < 2 * 8766.0:
-        return f"{h / 24:.3g} d"
-    return f"{h / 8766:.3g} y"
+    """Hours as a short age (:func:`rkv.faults.schedule_info.human_hours`); never is the
+    schedule's 100-year horizon."""
+    return "never (100 y)" if h is None or math.isinf(h) else human_hours(h)
 
 
 def _refresh(r: dict[str, Any], code: str) -> float | None:

@@ -35,7 +35,7 @@ import itertools
 import json
 import math
 import shutil
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +50,9 @@ from rkv.faults.harness import Harness
 from rkv.faults.schedule import p_due, refresh_age
 from rkv.keys import as_token_array, block_key, chunk_keys
 from rkv.tensors import numpy_dtype
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fm_ranges import git_state  # the same provenance record as that benchmark
 
 MODEL: dict[str, Any] = {"preset": "nvme-tlc", "pe_cycles": 10000}
 CODE = "shardrs(k=16,m=2)"
@@ -259,16 +262,6 @@ def report(out: dict[str, Any]) -> None:
 
 
 # -- the run ----------------------------------------------------------------------------------
-
-
-def git_state() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], capture_output=True, text=True,
-                              check=False).stdout.strip()
-
-    dirty = [ln[3:] for ln in git("status", "--porcelain").splitlines()
-             if ln[3:].startswith(("rkv/", "faultmodels/"))]
-    return {"commit": git("rev-parse", "HEAD"), "dirty": dirty}
 
 
 def main() -> None:

@@ -273,8 +273,9 @@ def class_fatality(model: Any, protection: Any, data_bytes: int, hours: float,
                    ) -> list[tuple[Any, float, float]]:
     """Per clustered class: (its rate, P(it fires in the record), P(fatal | it fires)).
     Cached per (model parameters, protection, size, hours, draws, stratified)."""
-    return [(r, p, f) for r, p, f, _ in class_outcomes(model, protection, data_bytes, hours,
-                                                       draws, stratified=stratified)]
+    return [(o.rate, o.p_fire, o.fatal)
+            for o in class_judgements(model, protection, data_bytes, hours, draws,
+                                      stratified=stratified)]
 
 
 def _count_law(cls: Any) -> Iterator[tuple[int, float, float]]:
@@ -396,16 +397,6 @@ class ClassOutcome:
     fatal: float
     degraded: float
     fatal_se: float
-
-
-def class_outcomes(model: Any, protection: Any, data_bytes: int, hours: float,
-                   draws: int = DRAWS, *, stratified: bool = False
-                   ) -> list[tuple[Any, float, float, float]]:
-    """Per clustered class: (its rate, P(it fires), P(fatal | it fires), P(degraded | it
-    fires)) (:func:`class_judgements` without the standard errors)."""
-    return [(o.rate, o.p_fire, o.fatal, o.degraded)
-            for o in class_judgements(model, protection, data_bytes, hours, draws,
-                                      stratified=stratified)]
 
 
 def class_judgements(model: Any, protection: Any, data_bytes: int, hours: float,

@@ -11,8 +11,11 @@ from typing import Any
 import numpy as np
 
 from faultmodels.base import EventClass
+from rkv.faults.fatality import class_fatality, fatal_at_count, judge, layout_for
 from rkv.faults.importance import ALPHA, TiltPlan, _is_bit_class
 from rkv.faults.importance_shard import ShardPlant
+from rkv.faults.reliability import RAW
+from rkv.record import copy_offsets
 
 #: The share of planted framing patterns that are two bits (harmless, if the decoder tries
 #: every copy: the campaign checks it).
@@ -50,9 +53,6 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
     * Nothing to tilt (``none``, ``raw``, or every class fatal on its own): ``alpha = 1``,
       plain conditional sampling.
     """
-    from rkv.faults.fatality import class_fatality, fatal_at_count, layout_for
-    from rkv.faults.reliability import RAW
-    from rkv.record import copy_offsets
 
     classes = model.event_classes(nbytes, hours)
     factors = [1.0] * len(classes)
@@ -161,8 +161,6 @@ def auto_plan(model: Any, protection: str, data_bytes: int, nbytes: int, hours: 
 def _fatal_stratum(lay: Any, c: EventClass, i: int, draws: int = 200, most: int = 4) -> int:
     """The first stratum (1 .. ``most``) of a class's single event in which some of
     ``draws`` judged patterns lose the block; 0 if none (or stratum 0 already does)."""
-    from rkv.faults.fatality import judge
-
     assert c.strata is not None
     strata = c.strata()
     for j, (_, draw) in enumerate(strata[:most + 1]):
