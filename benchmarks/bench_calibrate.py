@@ -31,8 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rkv.calibrate import KINDS, Profile, load_profile  # noqa: E402
-from rkv.calibrate_measure import (  # noqa: E402
+from rkv.eval.calibrate import KINDS, Profile, load_profile  # noqa: E402
+from rkv.eval.calibrate_measure import (  # noqa: E402
     block_bits,
     heldout_windows,
     hf_case,
@@ -123,7 +123,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "calibrate.json"))
     args = ap.parse_args()
-    from rkv.quality import load_smollm2
+    from rkv.eval.quality import load_smollm2
 
     t0 = time.perf_counter()
     profile = load_profile(args.profile)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rkv import Engine, EngineConfig, ModelSpec
-from rkv.faults.campaign import CampaignConfig, run_campaign
+from rkv.eval.faults.campaign import CampaignConfig, run_campaign
 
 CASES = [
     ("nvme-tlc, shardrs(k=16,m=2)", {"tier": "nvme"}),

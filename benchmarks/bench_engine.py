@@ -6,8 +6,8 @@
 Baselines (one LMDB environment on the same medium, same flags, one write transaction per
 sequence, one read transaction per sequence):
 * raw put: ``txn.put`` of each block's bytes (already contiguous) under a 34-byte key; also
-  committed in transactions of about 2 MiB (``rkv.txn.WRITE_SLICE``), as the engine commits
-  its tier writes (a large LMDB write transaction is much slower: see rkv/txn.py);
+  committed in transactions of about 2 MiB (``rkv.store.txn.WRITE_SLICE``), as the engine commits
+  its tier writes (a large LMDB write transaction is much slower: see rkv/store/txn.py);
 * raw get: in one read transaction per sequence, ``txn.get`` of each block (zero-copy) and a
   copy into a ``[layers, 2, tokens, heads, dim]`` array, the least any reader must do: once
   into a fresh array per sequence (like ``Engine.get``), once into a reused buffer (like
@@ -43,9 +43,9 @@ import lmdb
 import numpy as np
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.keys import as_token_array, block_key, chunk_bounds, chunk_keys
-from rkv.store import memory_dir
-from rkv.txn import WRITE_SLICE
+from rkv.format.keys import as_token_array, block_key, chunk_bounds, chunk_keys
+from rkv.store.paths import memory_dir
+from rkv.store.txn import WRITE_SLICE
 
 MODELS = {
     "smollm2-135m": ModelSpec("bench/smollm2", n_layers=30, n_kv_heads=3, head_dim=64),

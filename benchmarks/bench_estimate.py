@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import Item, Reason, ReuseEstimator, make_admission, make_policy, split_spec
-from rkv.traces import read_trace
+from rkv.format.traces import read_trace
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[2]
                  / "shared/data/traces/mooncake_synthetic_trace.jsonl")

@@ -8,7 +8,7 @@ and, for contrast, ``none`` (the record's checksum alone), this computes across 
 * P(DUE) per block over 24 h: `predict(..., exact_counts=True)`, with its ``p_due_se`` (the
   standard error its sampled judgement of clustered classes leaves);
 * the refresh age and scrub interval at a target of 1e-9 per block
-  (`rkv.faults.schedule.schedule`, ``rel_tol`` 1e-2 to save calls).
+  (`rkv.reliability.schedule.schedule`, ``rel_tol`` 1e-2 to save calls).
 
 Two studies:
 
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import faultmodels
-from rkv.faults.reliability import predict
-from rkv.faults.schedule import MAX_HOURS, schedule
-from rkv.faults.schedule_info import human_hours
+from rkv.reliability.analytic import predict
+from rkv.reliability.schedule import MAX_HOURS, schedule
+from rkv.store.schedule_info import human_hours
 
 PRESET = "nvme-tlc"
 CODES = ("shardrs(k=16,m=2)", "none")
@@ -155,7 +155,7 @@ def save(data: dict[str, Any]) -> None:
 
 
 def age(h: float | None) -> str:
-    """Hours as a short age (:func:`rkv.faults.schedule_info.human_hours`); never is the
+    """Hours as a short age (:func:`rkv.store.schedule_info.human_hours`); never is the
     schedule's 100-year horizon."""
     return "never (100 y)" if h is None or math.isinf(h) else human_hours(h)
 

@@ -4,7 +4,7 @@ importance-sampled campaign against the same values.
     .venv/bin/python benchmarks/bench_framing.py [--json benchmarks/results/framing.json]
 
 **Bit errors** (``raw-ber``, 192 KiB blocks, 1 h). First principles, written in this file and
-not taken from :mod:`rkv.faults`: a block is lost when its framing is (three copies of the
+not taken from :mod:`rkv.eval.faults`: a block is lost when its framing is (three copies of the
 header, or of the 8-byte prelude, each with an error and two sharing a wrong bit: a Markov
 chain over bit positions, exact) or when some decoding unit holds more than ``t`` errors (RS:
 ``P(Binomial(255, q) > t)`` per codeword with ``q = 1 - (1 - p)^8``, the last codeword
@@ -29,9 +29,9 @@ import time
 import numpy as np
 
 import faultmodels
-from rkv.faults.campaign import CampaignConfig, run_campaign
-from rkv.faults.fatality import judge, layout_for
-from rkv.faults.reliability import predict
+from rkv.eval.faults.campaign import CampaignConfig, run_campaign
+from rkv.reliability.analytic import predict
+from rkv.reliability.fatality import judge, layout_for
 
 BLOCK = 196608
 SHAPE = {"chunk_tokens": 256, "kv_heads": 3, "head_dim": 64}      # 192 KiB of fp16

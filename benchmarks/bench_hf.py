@@ -34,7 +34,7 @@ import torch
 from rkv import Engine
 from rkv.adapters.hf import HFPrefixCache
 from rkv.adapters.hf_chat import ChatSession
-from rkv.quality import load_smollm2, text_windows
+from rkv.eval.quality import load_smollm2, text_windows
 
 QUESTIONS = ("What is this text about? One sentence.",
              "Name one keyword it mentions and say what it means.",

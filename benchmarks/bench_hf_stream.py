@@ -24,7 +24,7 @@ import torch
 
 from rkv import Engine
 from rkv.adapters.hf import HFPrefixCache
-from rkv.quality import load_smollm2, text_windows
+from rkv.eval.quality import load_smollm2, text_windows
 
 
 def main() -> None:

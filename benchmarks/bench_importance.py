@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rkv.faults.campaign import CampaignConfig, run_campaign
+from rkv.eval.faults.campaign import CampaignConfig, run_campaign
 
 SMALL: dict[str, int] = {"chunk_tokens": 64, "kv_heads": 1, "head_dim": 64}  # 16 KiB
 FULL = {"chunk_tokens": 256, "kv_heads": 3, "head_dim": 64}      # 192 KiB blocks

@@ -40,15 +40,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rkv.adapters.moe import RkvExperts  # noqa: E402
-from rkv.adapters.moe_store import pack, pipeline_for, place  # noqa: E402
-from rkv.config import default_tiers  # noqa: E402
+from rkv.cli.moe_run import cast_experts  # noqa: E402
+from rkv.moe.expert_plans import ExpertInput, plan_experts  # noqa: E402
 from rkv.moe.experts import ResidentExperts  # noqa: E402
 from rkv.moe.fit import default_cache_dir  # noqa: E402
 from rkv.moe.model import calibration_text, heldout_text, load_moe_smollm2  # noqa: E402
 from rkv.moe.profile import ExpertProfile, cached_profile, quantized  # noqa: E402
-from rkv.moe.run import cast_experts  # noqa: E402
+from rkv.moe.store import pack, pipeline_for, place  # noqa: E402
 from rkv.placement.config import TierInput  # noqa: E402
-from rkv.placement.experts import ExpertInput, plan_experts  # noqa: E402
+from rkv.store.config import default_tiers  # noqa: E402
 
 T95 = {3: 3.182, 7: 2.365, 15: 2.131}
 

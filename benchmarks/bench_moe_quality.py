@@ -27,8 +27,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rkv.eval.quality import SMOLLM2_ID, load_smollm2  # noqa: E402
 from rkv.moe.model import MoEModel, heldout_text  # noqa: E402
-from rkv.quality import SMOLLM2_ID, load_smollm2  # noqa: E402
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,

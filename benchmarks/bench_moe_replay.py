@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rkv.cli.moe_replay import format_table, plot
 from rkv.moe.presets import PRESETS, synthetic_trace
 from rkv.moe.replay import (
     DEFAULT_BUDGETS,
@@ -37,7 +38,6 @@ from rkv.moe.replay import (
     read_trace,
     run_matrix,
 )
-from rkv.moe.replay_cli import format_table, plot
 
 POLICIES = ("lru", "lfu", "activation")
 PREFETCH = (NONE, "cooccur", "cooccur(min_p=0.3)", HINTS)

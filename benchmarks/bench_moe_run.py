@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_moe_quality import ci, window_metrics  # noqa: E402
 
-from rkv.moe import run as R  # noqa: E402
+from rkv.cli import moe_run as R  # noqa: E402
+from rkv.eval.quality import SMOLLM2_ID, load_smollm2  # noqa: E402
 from rkv.moe.experts import ResidentExperts  # noqa: E402
 from rkv.moe.model import MoEModel, heldout_text  # noqa: E402
-from rkv.quality import SMOLLM2_ID, load_smollm2  # noqa: E402
 
 POLICIES = [("lru", True), ("activation", False)]     # (eviction, per layer)
 

@@ -39,13 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig  # noqa: E402
-from rkv.blockcodec import header_stages  # noqa: E402
-from rkv.keys import as_token_array, block_key, chunk_keys  # noqa: E402
+from rkv.codec.blockcodec import header_stages  # noqa: E402
+from rkv.format.keys import as_token_array, block_key, chunk_keys  # noqa: E402
+from rkv.format.record import decode_record  # noqa: E402
 from rkv.placement import Planner  # noqa: E402
 from rkv.placement.budget import min_kl_exact, plan_bytes, smallest_kl_budget  # noqa: E402
-from rkv.placement.engine_plans import EnginePlacement  # noqa: E402
 from rkv.placement.options import record_bytes  # noqa: E402
-from rkv.record import decode_record  # noqa: E402
+from rkv.store.plans import EnginePlacement  # noqa: E402
 
 PREFIX, LENGTH, CHUNK = 512, 576, 256
 PROFILE = "smollm2-135m"
@@ -54,7 +54,7 @@ BITS = (16, 8, 4, 2)
 
 
 def spec() -> ModelSpec:
-    from rkv.quality import SMOLLM2_ID
+    from rkv.eval.quality import SMOLLM2_ID
 
     return ModelSpec(SMOLLM2_ID, n_layers=30, n_kv_heads=3, head_dim=64, dtype="float16")
 
@@ -87,7 +87,7 @@ def calibration_ngrams(tok: Any) -> tuple[set[tuple[int, ...]], str]:
                            for f in files)
         how = f"docs at {PROFILE_COMMIT} ({len(files)} files)"
     except (OSError, subprocess.CalledProcessError):
-        from rkv.calibrate_measure import docs_files
+        from rkv.eval.calibrate_measure import docs_files
 
         text = "\n\n".join(p.read_text(encoding="utf-8") for p in docs_files())
         how = "current docs (git history unavailable)"
@@ -104,7 +104,7 @@ def heldout(tok: Any, per_source: int) -> tuple[list[tuple[str, list[int]]], dic
     """``per_source`` windows of topics and of rkv's docs (without calibration.md and this
     benchmark's own results page), none sharing a 16-token run with any calibration window,
     evenly spaced over what is left; alternating sources."""
-    from rkv.calibrate_measure import docs_files
+    from rkv.eval.calibrate_measure import docs_files
 
     grams, how = calibration_ngrams(tok)
     docs = [p for p in docs_files() if p.name != "placement-results.md"]
@@ -321,7 +321,7 @@ def main() -> int:
         args.windows, args.trials = 2, 200
     from bench_placement_reliability import part_b, part_c
 
-    from rkv.quality import load_smollm2
+    from rkv.eval.quality import load_smollm2
 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"model": "SmolLM2-135M-Instruct", "weights": "Q4_1 (4-bit)",

@@ -16,12 +16,12 @@ import numpy as np
 from bench_placement_quality import BITS, CHUNK, PREFIX, PROFILE, engine_config, spec, stored
 
 from rkv import Engine, TierConfig
-from rkv.faults.injection import FaultyTier
-from rkv.faults.planned import BlockPrediction, compare, predicted_totals, run_planned_campaign
+from rkv.eval.faults.injection import FaultyTier
+from rkv.eval.faults.planned import BlockPrediction, compare, predicted_totals, run_planned_campaign
 from rkv.placement import DEFAULT_CODES
 from rkv.placement.budget import uniform_codes, weakest_uniform
-from rkv.placement.engine_plans import EnginePlacement
 from rkv.placement.options import data_bytes, record_bytes, resolve_model
+from rkv.store.plans import EnginePlacement
 
 HOURS = 24.0
 TARGET = 1e-9
@@ -120,7 +120,7 @@ def replace_ecc(tier: TierConfig, code: str) -> TierConfig:
 def _short(spec_str: str) -> str:
     """A record's codec spec as the candidate list spells it."""
     for c in DEFAULT_CODES:
-        from rkv.blockcodec import codec_for
+        from rkv.codec.blockcodec import codec_for
 
         cod = codec_for(c)
         if (cod is None and spec_str == "none") or (cod is not None and cod.spec == spec_str):

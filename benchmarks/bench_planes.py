@@ -15,7 +15,7 @@ a ``degraded`` block (tolerant low plane failed, high plane exact) is used as re
 Faults: independent bit flips at an accelerated raw BER (the tier presets give P(any error)
 of about 1e-9 per block-day, which no measurement of this size would see), so the figures
 say what each layout does *when* errors come; the analytic P(DUE) and P(degraded) per block
-over 24 h under the shipped tier presets come from ``rkv.faults.reliability.predict``.
+over 24 h under the shipped tier presets come from ``rkv.reliability.analytic.predict``.
 
 KL per window against the model with the float32 cache untouched; 95 % bootstrap intervals
 over windows, and paired differences against ``rs(255,239)``. Windows: Python's
@@ -47,7 +47,7 @@ BLOCK = (2, 256, 3, 64)           # one layer's K and V for a 256-token chunk of
 
 
 def parity_fraction(code: str) -> float:
-    from rkv.pipeline import Pipeline
+    from rkv.codec.pipeline import Pipeline
 
     p = Pipeline.parse("none", code).for_block(BLOCK, "float16")
     data = p.data_bytes(BLOCK, "float16")
@@ -56,8 +56,8 @@ def parity_fraction(code: str) -> float:
 
 def predicted(code: str) -> dict[str, dict[str, float]]:
     import faultmodels
-    from rkv.faults.reliability import predict
-    from rkv.pipeline import Pipeline
+    from rkv.codec.pipeline import Pipeline
+    from rkv.reliability.analytic import predict
 
     p = Pipeline.parse("none", code).for_block(BLOCK, "float16")
     data = p.data_bytes(BLOCK, "float16")
@@ -69,7 +69,7 @@ def predicted(code: str) -> dict[str, dict[str, float]]:
 
 
 def _transform(code: str, ber: float, seed: int) -> Any:
-    from rkv.quality import RkvRoundTrip, raw_flips
+    from rkv.eval.quality import RkvRoundTrip, raw_flips
 
     inner = raw_flips(ber, seed) if code == "raw" else RkvRoundTrip(
         ecc=code, fault_model={"model": "raw-ber", "ber": ber}, hours=1.0, seed=seed)
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--codes", nargs="+", default=[], help="rows to run (default: all)")
     args = ap.parse_args(argv)
-    from rkv.calibrate_measure import heldout_windows
-    from rkv.quality import evaluate, load_smollm2
+    from rkv.eval.calibrate_measure import heldout_windows
+    from rkv.eval.quality import evaluate, load_smollm2
 
     codes = ["raw", *SINGLE, *PLANES]
     bers = args.ber

@@ -141,7 +141,7 @@ def time_puts(repeat: int, placement: dict[str, Any] | None = None
         path = Path(d) / "store"
         try:
             with Engine.open(path, cfg) as store:
-                ep = store._placement          # the engine's placement (None: off)
+                ep = store.core.placement          # the engine's placement (None: off)
                 for r in range(repeat + 1):
                     tokens = [(r * n + i) % 49000 + 1 for i in range(n)]
                     done = ep.timing["plans"] if ep is not None else 0
@@ -167,7 +167,7 @@ def time_puts(repeat: int, placement: dict[str, Any] | None = None
 def warm_predict(args: argparse.Namespace) -> dict[str, Any]:
     """Every predict() both parts need, from --predict-cache when it exists."""
     from rkv import EngineConfig
-    from rkv.placement.engine_plans import EnginePlacement
+    from rkv.store.plans import EnginePlacement
 
     cache = args.predict_cache
     if cache is not None and cache.exists():

@@ -13,7 +13,7 @@ fills a caller's buffers. Per block, medians of ``--repeat`` passes:
   least a read that verifies the end-to-end checksum before handing the data out does;
 * ``copy, then hash the destination``: the other order (the data would be handed out before it
   is known to be right, so rkv does not do it; here for the floor it would give);
-* ``fast check``: ``rkv.fastcheck.FastCheck.copy`` on real records (header compares, header
+* ``fast check``: ``rkv.codec.fastcheck.FastCheck.copy`` on real records (header compares, header
   seal, checksum, copy): what the engine runs per clean block, without the LMDB lookup.
 
 Every figure is also given as the ratio copy / figure: the best fraction of raw LMDB's
@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from rkv.fastcheck import FastCheck
-from rkv.model import ModelSpec
-from rkv.record import RecordHeader, decode_record, encode_array_record, framing_sizes
+from rkv.codec.fastcheck import FastCheck
+from rkv.format.model import ModelSpec
+from rkv.format.record import RecordHeader, decode_record, encode_array_record, framing_sizes
 
 SPEC = ModelSpec("bench/smollm2", n_layers=30, n_kv_heads=3, head_dim=64)
 SOURCE_BYTES = 256 << 20       # well past the last-level cache

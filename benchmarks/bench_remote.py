@@ -43,7 +43,7 @@ import numpy as np
 import redis
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
 
 SMOLLM2 = ModelSpec("bench/smollm2", n_layers=30, n_kv_heads=3, head_dim=64)
 MAC_ENV = "RKV_BENCH_MAC_KEY"

@@ -4,13 +4,13 @@
                                                 [--tiers dram=1%,cxl=4%,nvme=20%]
                                                 [--json benchmarks/results/replay.json]
 
-Replays the shared Mooncake trace (``rkv.replay.simulate``: the policy interface, the
+Replays the shared Mooncake trace (``rkv.eval.replay.simulate.simulate``: the policy interface, the
 protected set, the driver's contract checks) at one capacity for every registered policy plus
 Belady and the infinite cache, and times, in the same run, the least a Python LRU costs over
 the same references: a bare ``OrderedDict`` loop (no policy object, no protection, no checks).
 Reports the median of ``--repeat`` runs of the replay loop alone (parsing and flattening the
 trace are not timed) and each policy's speed as a fraction of the bare loop. Then the same for
-every registered policy through ``rkv.replay_tiers.simulate_tiers`` on the ``--tiers`` layout
+every registered policy through ``rkv.eval.replay.tiers.simulate_tiers`` on the ``--tiers`` layout
 (one policy instance per tier; demotions cascade, lower-tier hits are promoted), whose extra
 cost is the policy calls of the moves between tiers. Timings are never asserted anywhere.
 """
@@ -30,10 +30,10 @@ from typing import Any
 
 from policies import available, make_policy
 from policies.belady import Belady, InfiniteCache
-from rkv.replay import CostModel, Trace, parse_capacity, prepare, simulate
-from rkv.replay_report import Layout, parse_layout
-from rkv.replay_tiers import Tier, simulate_tiers
-from rkv.traces import read_trace
+from rkv.eval.replay.report import Layout, parse_layout
+from rkv.eval.replay.simulate import CostModel, Trace, parse_capacity, prepare, simulate
+from rkv.eval.replay.tiers import Tier, simulate_tiers
+from rkv.format.traces import read_trace
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[2]
                  / "shared/data/traces/mooncake_synthetic_trace.jsonl")

@@ -45,11 +45,11 @@ import numpy as np
 
 import faultmodels
 from faultmodels import ErrorPattern
-from rkv.faults.campaign import CampaignConfig, run_campaign, wilson
-from rkv.faults.harness import Harness
-from rkv.faults.schedule import p_due, refresh_age
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.tensors import numpy_dtype
+from rkv.eval.faults.campaign import CampaignConfig, run_campaign, wilson
+from rkv.eval.faults.harness import Harness
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.tensors import numpy_dtype
+from rkv.reliability.schedule import p_due, refresh_age
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fm_ranges import git_state  # the same provenance record as that benchmark
@@ -291,7 +291,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.refresh_hours is None:
         r = refresh_age(MODEL, CODE, BLOCK_BYTES, TARGET)
-        out["refresh_source"] = "rkv.faults.schedule.refresh_age (rel_tol 1e-3)"
+        out["refresh_source"] = "rkv.reliability.schedule.refresh_age (rel_tol 1e-3)"
     else:
         r = float(args.refresh_hours)
         out["refresh_source"] = "--refresh-hours"

@@ -2,12 +2,12 @@
 
     .venv/bin/python benchmarks/bench_scrub.py [--trials 40] [--target 1e-2]
 
-Campaigns over time (:mod:`rkv.faults.overtime`: a real engine on a simulated clock, faults
-arriving in time from the tier's model, the real :class:`rkv.scrub.Scrubber`):
+Campaigns over time (:mod:`rkv.eval.faults.overtime`: a real engine on a simulated clock, faults
+arriving in time from the tier's model, the real :class:`rkv.store.scrub.Scrubber`):
 
 1. **The check.** NVMe at heavy wear: ``nvme-tlc`` at 10,000 P/E cycles (30 C), the tier's
    ``shardrs(k=16,m=2)``, 192 KiB blocks held 120 days on average (exponential), one year,
-   32 blocks x ``--trials`` stores. The schedule (:mod:`rkv.faults.schedule`) gives the
+   32 blocks x ``--trials`` stores. The schedule (:mod:`rkv.reliability.schedule`) gives the
    scrub interval and refresh age for ``--target`` P(DUE) per block; the scrubbed store runs
    at exactly those, the baseline (same run, same seeds) without scrubbing. The target per
    block-day is ``target x 24 / interval``; rates carry exact 95 % Poisson intervals. The
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rkv.faults.overtime import OverTimeConfig, run_over_time
-from rkv.faults.schedule import schedule
+from rkv.eval.faults.overtime import OverTimeConfig, run_over_time
+from rkv.reliability.schedule import schedule
 
 WORN_NVME = {"tier": "nvme", "fault_model": {"preset": "nvme-tlc", "pe_cycles": 10000}}
 NVME_RUN = {"days": 365.0, "blocks": 32, "residency_hours": 24 * 120.0}

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rkv.sweep.run import SweepRun, run_sweep
-from rkv.sweep.spec import parse_sweep
+from rkv.eval.sweep.run import SweepRun, run_sweep
+from rkv.eval.sweep.spec import parse_sweep
 
 
 def bench_sweep(trials: int) -> Any:
@@ -65,7 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     sweep = bench_sweep(args.trials)
     names = ["serial", "process", "process-cold"] + ([] if args.no_ray else ["ray"])
-    from rkv.sweep.executors import ProcessExecutor
+    from rkv.eval.sweep.executors import ProcessExecutor
 
     t0 = time.perf_counter()
     pool = ProcessExecutor(args.workers)
@@ -75,7 +75,7 @@ def main() -> None:
     ray_ex = None
     ray_init_s = None
     if "ray" in names:
-        from rkv.sweep.executors import RayExecutor
+        from rkv.eval.sweep.executors import RayExecutor
 
         t0 = time.perf_counter()
         ray_ex = RayExecutor(args.workers)

@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rkv import Engine, EngineConfig, TierConfig, parallel
-from rkv.blockcodec import (
+from rkv.codec.blockcodec import (
     BlockToEncode,
     BlockToRead,
     RecordArena,
@@ -59,11 +59,11 @@ from rkv.blockcodec import (
     read_block,
     read_blocks,
 )
+from rkv.codec.fastcheck import FastCheck
 from rkv.ecc import get_codec
 from rkv.ecc.base import Codec
-from rkv.fastcheck import FastCheck
-from rkv.model import ModelSpec
-from rkv.record import RecordHeader, data_checksum, decode_record
+from rkv.format.model import ModelSpec
+from rkv.format.record import RecordHeader, data_checksum, decode_record
 
 SHAPE = (2, 256, 3, 64)       # 192 KiB of float16
 CHUNK_BLOCKS = 30             # SmolLM2-135M's layers: one chunk's blocks at a time
@@ -143,7 +143,7 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
 
     def verify(i: int, rec: bytes) -> Any:
         # What the read path does per block once LMDB hands it the record: the header
-        # vote and identity check, then the checks and the copy (rkv.blockcodec.read_block).
+        # vote and identity check, then the checks and the copy (rkv.codec.blockcodec.read_block).
         dec = decode_record(rec, expect_key=key(i), expect_layer=i % SPEC.n_layers,
                             expect_fingerprint=FP)
         return read_block(dec, out[i])
@@ -152,7 +152,7 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
     sizes = [len(r) for r in recs["raw"]]   # rs records are longer: the fast check declines
 
     def fast(i: int, rec: bytes) -> Any:
-        # The engine's read of a clean raw record (rkv.fastcheck), the full decode otherwise.
+        # The engine's read of a clean raw record (rkv.codec.fastcheck), the full decode otherwise.
         if checks[i].copy(rec, i % SPEC.n_layers, sizes[i], out[i]):
             return None
         return verify(i, rec)
@@ -163,7 +163,7 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
 
     def engine_get(which: list[bytes]) -> Callable[[], Any]:
         """A get as the engine should run it: per chunk, the clean raw records through the
-        fast check, then the header vote of the others and rkv.blockcodec.read_blocks
+        fast check, then the header vote of the others and rkv.codec.blockcodec.read_blocks
         (clean ones on this thread, decoding on the pool)."""
         def run() -> None:
             for g in range(0, len(which), CHUNK_BLOCKS):

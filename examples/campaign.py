@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from rkv.faults.campaign import CampaignConfig, run_with_raw
-from rkv.faults.campaign_report import format_report
+from rkv.eval.faults.campaign import CampaignConfig, run_with_raw
+from rkv.eval.faults.campaign_report import format_report
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from rkv import Engine
 from rkv.adapters.hf import HFPrefixCache
 from rkv.adapters.hf_chat import ChatSession
-from rkv.quality import load_smollm2, text_windows
+from rkv.eval.quality import load_smollm2, text_windows
 
 model, tok = load_smollm2(threads=1)   # one thread: steady timings on a shared machine
 # A shared document as the system prompt: ~500 tokens of Python's own docs.

@@ -14,7 +14,7 @@ corruption times x (not the raw bit error rate, which would fall off the ECC's c
 
 The wrapped model is an ordinary :class:`FaultModel` (``model = "accelerated"``, with
 ``ber_multiplier`` and ``base`` parameters), so sampling, importance sampling and
-:func:`rkv.faults.reliability.predict` all see the same accelerated rates. Latent faults
+:func:`rkv.reliability.analytic.predict` all see the same accelerated rates. Latent faults
 (``latent_hours`` of a DRAM or CXL base) are part of the base's classes, so they are
 accelerated with them; ``with_latent_hours`` changes the base's window.
 """

@@ -1,8 +1,8 @@
 """Offline references: Belady's MIN (knows the future) and an infinite cache (never evicts).
 
 Neither is registered with :func:`policies.make_policy`: Belady needs the future of the trace
-it is replayed on, and the infinite cache is a ceiling, not a policy. ``rkv.replay`` adds both
-to every comparison.
+it is replayed on, and the infinite cache is a ceiling, not a policy.
+``rkv.eval.replay.simulate`` adds both to every comparison.
 
 **Belady's MIN** evicts the cached key whose next use is farthest in the future (keys never used
 again first). For unit-size objects and a cache that admits every miss it is optimal: no

@@ -25,17 +25,18 @@ from rkv.errors import (
 )
 
 if TYPE_CHECKING:
-    from rkv.config import EngineConfig, TierConfig
-    from rkv.engine import BlockStatus, Engine, GetResult, PutResult, VerifyReport
-    from rkv.model import ModelSpec
+    from rkv.format.model import ModelSpec
+    from rkv.store.config import EngineConfig, TierConfig
+    from rkv.store.engine import BlockStatus, Engine, GetResult, PutResult, VerifyReport
 
 #: Public names loaded on first use, so that ``import rkv`` (and ``rkv --help``, or a
 #: serving engine's launcher that forks workers) does not load numpy, numba, LMDB and the
 #: engine: the errors above are plain Python.
 _LAZY = {
-    "EngineConfig": "rkv.config", "TierConfig": "rkv.config", "ModelSpec": "rkv.model",
-    "BlockStatus": "rkv.engine", "Engine": "rkv.engine", "GetResult": "rkv.engine",
-    "PutResult": "rkv.engine", "VerifyReport": "rkv.engine",
+    "EngineConfig": "rkv.store.config", "TierConfig": "rkv.store.config",
+    "ModelSpec": "rkv.format.model", "BlockStatus": "rkv.store.engine",
+    "Engine": "rkv.store.engine", "GetResult": "rkv.store.engine",
+    "PutResult": "rkv.store.engine", "VerifyReport": "rkv.store.engine",
 }
 
 

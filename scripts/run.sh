@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up the environment, then run rkv's main job: the default quality-versus-reliability
-# sweep (rkv/sweep/default.toml: the three default tiers with accelerated faults x bits
+# sweep (rkv/eval/sweep/default.toml: the three default tiers with accelerated faults x bits
 # {16,8,4,2} x three protections; fault campaigns through the real read path, SmolLM2-135M
 # quality with its KV through rkv, and storage cost). A few minutes on 2 cores; resumable
 # (results in sweep-results/default/). It prints where the report and figures are and a

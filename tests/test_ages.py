@@ -19,19 +19,19 @@ from rkvtest import SMALL, local_config, random_kv
 
 from policies.base import Reason
 from rkv import Engine
-from rkv.ages import BlockAge
-from rkv.decisions import Protected
 from rkv.errors import CorruptRecordError, CorruptStoreError, InputError, IntegrityError
-from rkv.index import ChunkMeta
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.record import (
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import (
     FORMAT_VERSION,
     RecordHeader,
     decode_record,
     encode_array_record,
     encode_record,
 )
-from rkv.txn import Pending
+from rkv.store.ages import BlockAge
+from rkv.store.decisions import Protected
+from rkv.store.index import ChunkMeta
+from rkv.store.txn import Pending
 
 GOLDEN = Path(__file__).parent / "golden"
 KEY, FP = bytes(range(32)), bytes(range(100, 116))
@@ -320,20 +320,20 @@ def test_old_stores_open_with_unknown_ages(tmp_path: Path, tarball: str) -> None
     with Engine.open(path) as e:
         e.clock = clock
         assert all(x.written_ns is None for x in e.block_ages())
-        low = next(x for x in e.block_ages() if x.tier != e._order[0])
+        low = next(x for x in e.block_ages() if x.tier != e.core.order[0])
         assert header_time(e, low.tier, low.key, low.layer) is None    # a v1 record
 
         def promote(txn: Any, pending: Pending) -> bool:
-            meta = e._index.get_chunk(txn, low.key)
+            meta = e.core.index.get_chunk(txn, low.key)
             assert meta is not None
-            return e._decide.move(txn, low.key, meta, low.tier, e._order[0],
-                                  Protected(set(), e._decide, txn), pending, Counter(),
+            return e.core.decisions.move(txn, low.key, meta, low.tier, e.core.order[0],
+                                  Protected(set(), e.core.decisions, txn), pending, Counter(),
                                   Reason.PROMOTED)
 
-        assert e._mutate(promote)
+        assert e.core.mutate(promote)
         got = {x.layer: x for x in e.block_ages() if x.key == low.key}
         assert all(x.written_ns == T0 and x.age_s == 0.0 for x in got.values())
-        assert header_time(e, e._order[0], low.key, low.layer) == T0
+        assert header_time(e, e.core.order[0], low.key, low.layer) == T0
         assert e.verify().clean
 
 

@@ -15,10 +15,10 @@ from rkvtest import SMALL, local_config, random_kv
 from faultmodels import ErrorPattern
 from rkv import Engine
 from rkv.errors import ShapeError
-from rkv.faults.injection import FaultyTier
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.results import MISSING, OK, UNCORRECTABLE
-from rkv.streaming import Workers
+from rkv.eval.faults.injection import FaultyTier
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.store.results import MISSING, OK, UNCORRECTABLE
+from rkv.store.streaming import Workers
 
 CLOCK = 1_700_000_000_000_000_000
 
@@ -31,7 +31,7 @@ def _open(path: Path, **kw: Any) -> Engine:
 
 def _contents(e: Engine) -> tuple[dict[bytes, Any], dict[str, dict[bytes, bytes]]]:
     """Index entries (access times aside) and every tier's records."""
-    ix = e._index
+    ix = e.core.index
     with ix.env.read() as txn:
         chunks = {k: None if m is None else m.with_(at=0) for k, m in ix.chunks(txn)}
     records = {}
@@ -69,7 +69,7 @@ def test_put_many_equals_puts_one_at_a_time(tmp_path_factory: Any, data: Any) ->
         for t, _ in items:     # (a later item's chunks already stored keep the first KV)
             got, want = many.get(t, model=SMALL), one.get(t, model=SMALL)
             assert got.ok and got.n_tokens == len(t) and np.array_equal(got.kv, want.kv)
-        assert many._counters["puts"] == len(items)
+        assert many.core.counters["puts"] == len(items)
 
 
 def test_put_many_validates_everything_before_writing(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_wrong_out_is_a_shape_error(tmp_path: Path, bad: np.ndarray) -> None:
                      lambda: e.get_layers(t, model=SMALL, out=bad)):
             with pytest.raises(ShapeError):
                 call()
-        assert not e._decide.inflight
+        assert not e.core.decisions.inflight
 
 
 def _layers_equal_get(e: Engine, t: list[int]) -> None:
@@ -149,8 +149,8 @@ def test_get_layers_yields_get_layer_by_layer(tmp_path: Path) -> None:
         buf = np.zeros((3, 2, 64, 2, 4), np.float16)
         for x in e.get_layers(t, model=SMALL, out=buf):
             assert np.shares_memory(x.kv, buf) and np.array_equal(x.kv, kv[x.layer])
-        assert not e._decide.inflight
-        assert e._counters["gets"] == 7
+        assert not e.core.decisions.inflight
+        assert e.core.counters["gets"] == 7
 
 
 def test_get_layers_cuts_the_prefix_at_an_uncorrectable_block(tmp_path: Path) -> None:
@@ -232,14 +232,14 @@ def test_closing_a_stream_early_stops_its_thread(tmp_path: Path) -> None:
         stream.close()
         assert stream._p.done is not None and stream._p.done.is_set()
         assert threading.active_count() <= before + 1      # the engine keeps one thread
-        assert not e._decide.inflight
+        assert not e.core.decisions.inflight
         with pytest.raises(StopIteration):
             next(stream)
         with e.get_layers(t, model=SMALL) as s2:
             for x in s2:
                 assert x.layer == 0
                 break
-        assert s2._p.done is not None and s2._p.done.is_set() and not e._decide.inflight
+        assert s2._p.done is not None and s2._p.done.is_set() and not e.core.decisions.inflight
         assert threading.active_count() <= before + 1
 
 
@@ -276,7 +276,7 @@ def test_a_failure_reading_layer_zero_releases_the_chunks(tmp_path: Path) -> Non
         with pytest.raises(OSError, match="medium gone"):
             e.get_layers(t, model=SMALL)
         del e.hooks["stream_layer"]
-        assert not e._decide.inflight and threading.active_count() == before
+        assert not e.core.decisions.inflight and threading.active_count() == before
         assert e.get(t, model=SMALL).n_tokens == 40
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rkv import parallel
-from rkv.blockcodec import (
+from rkv.codec.blockcodec import (
     BlockToEncode,
     BlockToRead,
     RecordArena,
@@ -25,7 +25,7 @@ from rkv.blockcodec import (
     read_blocks,
 )
 from rkv.errors import IntegrityError
-from rkv.record import RecordHeader, decode_record
+from rkv.format.record import RecordHeader, decode_record
 
 CODES = ["none", "rs(255,239)", "rs(255,223,interleave=8)", "bch(m=13,t=8)",
          "shardrs(k=16,m=2)", "xxh3", "planes(high=rs(255,223),low=none)"]
@@ -169,8 +169,8 @@ def test_threads_only_for_compute_bound_blocks(monkeypatch: pytest.MonkeyPatch) 
         used.append(True)
         return real(*args, **kw)
 
-    monkeypatch.setattr("rkv.blockcodec.pmap_strict", spy_strict)
-    monkeypatch.setattr("rkv.blockcodec.pmap", spy)
+    monkeypatch.setattr("rkv.codec.blockcodec.pmap_strict", spy_strict)
+    monkeypatch.setattr("rkv.codec.blockcodec.pmap", spy)
     data = _blocks(4, 5)
     for code, want in (("none", False), ("shardrs(k=16,m=2)", False), ("rs(255,239)", True)):
         used.clear()

@@ -1,4 +1,4 @@
-"""Quality profiles (``rkv.calibrate``): schema, loader, the additive estimate, the shipped
+"""Quality profiles (``rkv.eval.calibrate``): schema, loader, the additive estimate, the shipped
 SmolLM2-135M profile (weights 4-bit Q4_1), and one small real measurement."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rkv.calibrate import (
+from rkv.errors import ConfigError
+from rkv.eval.calibrate import (
     BITS,
     KINDS,
     MAX_PROFILE_BYTES,
@@ -24,7 +25,6 @@ from rkv.calibrate import (
     validate_profile,
     write_profile,
 )
-from rkv.errors import ConfigError
 
 SHIPPED = Path(__file__).resolve().parent.parent / "rkv" / "profiles" / "smollm2-135m.json"
 
@@ -168,8 +168,8 @@ def test_unreadable_profile_path(tmp_path: Path) -> None:
 
 # -- the quantization the measurement uses is what the engine stores -----------------------
 def test_quantize_plan_matches_engine_round_trip() -> None:
-    from rkv.calibrate_measure import quantize_plan
-    from rkv.quality import RkvRoundTrip
+    from rkv.eval.calibrate_measure import quantize_plan
+    from rkv.eval.quality import RkvRoundTrip
 
     rng = np.random.default_rng(0)
     kv = rng.normal(size=(2, 2, 300, 3, 64)).astype(np.float32)
@@ -186,14 +186,14 @@ def test_quantize_plan_matches_engine_round_trip() -> None:
 
 
 def test_block_bits_count_the_metadata() -> None:
-    from rkv.calibrate_measure import block_bits
+    from rkv.eval.calibrate_measure import block_bits
 
     assert block_bits(16) == 16.0
     assert 8 < block_bits(8) < 12 and 4 < block_bits(4) < 8 and 2 < block_bits(2) < 6
 
 
 def test_cli_has_calibrate() -> None:
-    from rkv.clicmds.calibrate import calibrate_cmd
+    from rkv.cli.calibrate import calibrate_cmd
 
     ctx = calibrate_cmd.make_context("calibrate", ["--windows", "2", "--out", "x.json"])
     assert ctx.params["windows"] == 2 and ctx.params["out"] == "x.json"
@@ -204,7 +204,7 @@ def test_cli_has_calibrate() -> None:
 def smollm2() -> tuple[Any, Any]:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from rkv.quality import load_smollm2
+    from rkv.eval.quality import load_smollm2
 
     return load_smollm2(threads=2)  # type: ignore[no-any-return]
 
@@ -212,7 +212,7 @@ def smollm2() -> tuple[Any, Any]:
 def test_small_measurement_agrees_with_shipped_profile(smollm2: tuple[Any, Any],
                                                        shipped: Profile) -> None:
     from rkv.adapters.hf import model_spec
-    from rkv.calibrate_measure import (
+    from rkv.eval.calibrate_measure import (
         calibration_windows,
         hf_case,
         hf_reference_lp,
@@ -221,7 +221,7 @@ def test_small_measurement_agrees_with_shipped_profile(smollm2: tuple[Any, Any],
         run_cases,
         window_cases,
     )
-    from rkv.quality import SMOLLM2_ID
+    from rkv.eval.quality import SMOLLM2_ID
 
     model, tok = smollm2
     assert model_spec(model, SMOLLM2_ID) == smollm2_spec()
@@ -254,7 +254,7 @@ def test_small_measurement_agrees_with_shipped_profile(smollm2: tuple[Any, Any],
 @pytest.mark.slow
 def test_additive_estimate_on_two_windows(smollm2: tuple[Any, Any], shipped: Profile) -> None:
     """A mixed plan measured on two fresh windows lands within 3x of the additive sum."""
-    from rkv.calibrate_measure import heldout_windows, hf_case, quantize_plan, reference
+    from rkv.eval.calibrate_measure import heldout_windows, hf_case, quantize_plan, reference
 
     model, tok = smollm2
     plan = {(i, k): (4 if k == "k" else 2) if i >= 4 else 8 for i in range(30) for k in KINDS}

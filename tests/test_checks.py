@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import rkv.checks as rc
 from faultmodels import FaultModelError
 from faultmodels import checks as fc
-from rkv.config import EngineConfig, TierConfig
 from rkv.errors import ConfigError
+from rkv.store.config import EngineConfig, TierConfig
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 bounds = st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False))

@@ -20,7 +20,7 @@ from rkv import (
     TierFullError,
 )
 from rkv.cli import main
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
 
 
 def make_store(path: Path) -> list[int]:
@@ -47,7 +47,7 @@ def test_verify_clean_and_corrupt(tmp_path: Path, capsys: pytest.CaptureFixture[
     with Engine.open(tmp_path / "s") as e:
         key = chunk_keys(as_token_array(t), SMALL.fingerprint(), 16)[2]
         rec = bytearray(e.tiers["dram"].get(block_key(key, 0)) or b"")
-        from rkv.record import decode_record
+        from rkv.format.record import decode_record
 
         rec[decode_record(rec).header_bytes + 5] ^= 1
         e.tiers["dram"].put(block_key(key, 0), rec)

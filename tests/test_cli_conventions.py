@@ -16,8 +16,8 @@ import pytest
 from rkvtest import local_config
 
 from rkv.cli import cli, main
-from rkv.commands import COMMANDS, SECTIONS
-from rkv.config import EngineConfig
+from rkv.cli.commands import COMMANDS, SECTIONS
+from rkv.store.config import EngineConfig
 
 MISSING = "/nonexistent/rkv-cli-test"
 #: Bad arguments for every subcommand: {command: [argv after the command, ...]}. ``T`` is
@@ -239,15 +239,15 @@ def test_entry_point_bash_completion() -> None:
 def test_campaign_help_defaults_match_the_config() -> None:
     from dataclasses import fields
 
-    from rkv.clicmds.campaign import SHOWN_DEFAULTS
-    from rkv.faults.campaign import CampaignConfig
+    from rkv.cli.campaign import SHOWN_DEFAULTS
+    from rkv.eval.faults.campaign import CampaignConfig
 
     defaults = {f.name: f.default for f in fields(CampaignConfig)}
     assert {k: defaults[k] for k in SHOWN_DEFAULTS} == SHOWN_DEFAULTS
 
 
 def _all_commands() -> list[list[str]]:
-    from rkv.moe.cli import SUBCOMMANDS
+    from rkv.cli.moe import SUBCOMMANDS
 
     return [[n] for n in COMMANDS if n != "moe"] + [["moe", n] for n in SUBCOMMANDS]
 
@@ -264,7 +264,7 @@ def test_every_command_has_help_with_defaults(capsys: pytest.CaptureFixture[str]
 
 def test_internal_error_is_one_line_exit_70(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from rkv.engine import Engine
+    from rkv.store.engine import Engine
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug")

@@ -12,7 +12,7 @@ import pytest
 from rkvtest import SMALL, local_config
 
 from rkv import Engine, StoreClosedError
-from rkv.demo import synthetic_kv
+from rkv.eval.demo import synthetic_kv
 
 N_SEQS = 24
 

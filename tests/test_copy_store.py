@@ -27,7 +27,7 @@ import pytest
 from rkvtest import SMALL, local_config
 
 from rkv import Engine, EngineConfig
-from rkv.demo import synthetic_kv
+from rkv.eval.demo import synthetic_kv
 
 CHUNK = 16
 SHM = Path("/dev/shm")
@@ -235,7 +235,7 @@ def test_moved_store(tmp_path: Path, variant: str) -> None:
 def test_destroy_removes_a_memory_tier_a_later_config_moved(tmp_path: Path) -> None:
     """The store's whole rkv-<id> memory directory goes, also a tier environment that a
     reopen with another path for that tier left behind."""
-    from rkv.store import memory_dir
+    from rkv.store.paths import memory_dir
 
     shm = memory_dir()
     if shm is None:

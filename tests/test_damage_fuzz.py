@@ -39,8 +39,8 @@ import pytest
 from rkvtest import SMALL, local_config
 
 from rkv import Engine, EngineConfig
-from rkv.demo import synthetic_kv
 from rkv.errors import RkvError
+from rkv.eval.demo import synthetic_kv
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = 4096

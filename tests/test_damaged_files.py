@@ -23,8 +23,8 @@ from rkvtest import SMALL, random_kv
 
 from rkv import Engine, EngineConfig, TierConfig
 from rkv.errors import CorruptStoreError
-from rkv.keys import as_token_array, block_key, chunk_keys  # noqa: F401 (the children's)
-from rkv.lmdbfile import check_path, read_meta
+from rkv.format.keys import as_token_array, block_key, chunk_keys  # noqa: F401 (the children's)
+from rkv.tiers.lmdbfile import check_path, read_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 16

@@ -18,12 +18,12 @@ from rkvtest import SMALL, HeldTier, local_config, random_kv
 from policies import make_policy
 from policies.base import EvictionPolicy
 from rkv import Engine, EngineConfig, TierConfig
-from rkv.decisions import RECOMPUTE_TPS
 from rkv.errors import ConfigError, TierFullError
-from rkv.keys import as_token_array, chunk_keys
-from rkv.replay import CostModel, prepare, simulate
-from rkv.replay_store import block_tokens, chunk_record_bytes, replay_on_store
-from rkv.traces import Request, read_trace
+from rkv.eval.replay.simulate import CostModel, prepare, simulate
+from rkv.eval.replay.store import block_tokens, chunk_record_bytes, replay_on_store
+from rkv.format.keys import as_token_array, chunk_keys
+from rkv.format.traces import Request, read_trace
+from rkv.store.decisions import RECOMPUTE_TPS
 
 SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / \
     "mooncake_synthetic_trace.jsonl"
@@ -68,7 +68,7 @@ def both(requests: list[Request], policy: str, blocks: int, tmp: Path, lookahead
 
 
 def chunk_key_of(block_path: list[Any]) -> bytes:
-    from rkv.replay_store import REPLAY_MODEL
+    from rkv.eval.replay.store import REPLAY_MODEL
 
     t = np.concatenate([block_tokens(b) for b in block_path])
     return chunk_keys(as_token_array(t), REPLAY_MODEL.fingerprint(), 16)[-1]
@@ -133,7 +133,7 @@ def one_tier(cap_chunks: int, policy: str = "lru", **kw: Any) -> EngineConfig:
 
 
 def chunk_bytes() -> int:
-    from rkv.record import RecordHeader, array_record_size
+    from rkv.format.record import RecordHeader, array_record_size
 
     h = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
                      shape=SMALL.block_shape(16), dtype=SMALL.dtype, data_len=0, payload_len=0)
@@ -142,7 +142,7 @@ def chunk_bytes() -> int:
 
 def order(e: Engine, tier: str = "dram") -> list[bytes]:
     """The policy's full eviction order (a side-effect-free query)."""
-    pol = e._decide.policies[tier]
+    pol = e.core.decisions.policies[tier]
     return list(pol.victims(pol.used, ()) or [])
 
 
@@ -181,12 +181,12 @@ def test_a_write_by_another_engine_rebuilds_the_policies(tmp_path: Path) -> None
         a.put(seqs[0], random_kv(SMALL, 16, seed=0), model=SMALL)
         b.put(seqs[1], random_kv(SMALL, 16, seed=1), model=SMALL)
         a.put(seqs[2], random_kv(SMALL, 16, seed=2), model=SMALL)
-        rebuilt = a._decide.rebuilds
+        rebuilt = a.core.decisions.rebuilds
         b.put(seqs[3], random_kv(SMALL, 16, seed=3), model=SMALL)   # b evicts a's oldest
         a.put(seqs[4], random_kv(SMALL, 16, seed=4), model=SMALL)   # a sees b's write
-        assert a._decide.rebuilds == rebuilt + 1
+        assert a.core.decisions.rebuilds == rebuilt + 1
         assert [a.lookup(s, model=SMALL) for s in seqs] == [0, 0, 16, 16, 16]
-        assert len(a._decide.policies["dram"]) == 3
+        assert len(a.core.decisions.policies["dram"]) == 3
     finally:
         a.close()
         if b is not None:
@@ -198,8 +198,8 @@ def test_a_write_by_another_engine_rebuilds_the_policies(tmp_path: Path) -> None
 def test_a_chunk_being_read_is_never_evicted(tmp_path: Path) -> None:
     """A get holds its chunks in flight: a put that needs room meanwhile evicts others
     (the window is held open deterministically, inside the read)."""
-    from rkv.keys import block_key
-    from rkv.model import as_model_spec
+    from rkv.format.keys import block_key
+    from rkv.format.model import as_model_spec
 
     with Engine.open(tmp_path / "s", one_tier(2)) as e:
         old, new = toks(16, seed=1), toks(16, seed=2)
@@ -290,11 +290,11 @@ def three_tiers(tmp_path: Path, promote: str = "never") -> Engine:
 
 
 def where(e: Engine, seq: list[int]) -> set[str]:
-    from rkv.model import as_model_spec
+    from rkv.format.model import as_model_spec
 
     keys = chunk_keys(as_token_array(seq), as_model_spec(SMALL).fingerprint(), 16)
-    with e._index.env.read() as txn:
-        return {t for k in keys for t in (e._index.read_chunk(txn, k) or _none()).tiers()}
+    with e.core.index.env.read() as txn:
+        return {t for k in keys for t in (e.core.index.read_chunk(txn, k) or _none()).tiers()}
 
 
 def _none() -> Any:
@@ -359,13 +359,13 @@ def test_format_2_store_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "store"
     seqs = [np.random.default_rng(s).integers(0, 30000, 40).tolist() for s in range(5)]
     with Engine.open(path, readonly=True) as e:
-        assert e._index.format == 2
+        assert e.core.index.format == 2
         assert [e.lookup(s, model=SMALL) for s in seqs] == [40] * 5
     assert main(["migrate", str(path)]) == 0
     with Engine.open(path) as e:
-        assert e._index.format == 3 and e.migrated_from is None
-        with e._index.env.read() as txn:
-            assert txn.stat(e._index._lru)["entries"] == 0
+        assert e.core.index.format == 3 and e.migrated_from is None
+        with e.core.index.env.read() as txn:
+            assert txn.stat(e.core.index._lru)["entries"] == 0
         for i, s in enumerate(seqs):
             want = np.random.default_rng(i).standard_normal((3, 2, 40, 2, 4)).astype(np.float16)
             got = e.get(s, model=SMALL)
@@ -388,10 +388,10 @@ def test_a_prefetch_hold_protects_until_the_get_or_expiry(tmp_path: Path) -> Non
         assert e.lookup(a, model=SMALL) == 16 and e.lookup(b, model=SMALL) == 0
         e.get(a, model=SMALL)                           # the request ran: hold released
         e.prefetch(c, model=SMALL, hold=5.0).result(30)
-        e._decide._expire(time.time() + 10)             # ... and this hold ran out
+        e.core.decisions._expire(time.time() + 10)             # ... and this hold ran out
         e.put(d, random_kv(SMALL, 16, seed=3), model=SMALL)   # LRU order: c, a
         assert e.lookup(c, model=SMALL) == 0 and e.lookup(a, model=SMALL) == 16
-        assert not e._decide.queued
+        assert not e.core.decisions.queued
 
 
 def test_cli_replay_through_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -439,7 +439,7 @@ def test_hits_waiting_for_a_mutation_stay_bounded(tmp_path: Path,
     """Reads of one hot chunk, no writes: the hits the policies have not seen yet are
     applied by a mutation (the background worker's) once enough wait, not queued forever;
     the reads queue one such mutation at a time, not one each."""
-    from rkv import decisions
+    from rkv.store import decisions
 
     monkeypatch.setattr(decisions, "_REPORTED", 50)
     with Engine.open(tmp_path / "s", one_tier(4)) as e:
@@ -448,7 +448,7 @@ def test_hits_waiting_for_a_mutation_stay_bounded(tmp_path: Path,
         for _ in range(200):
             assert e.get(t, model=SMALL).n_tokens == 16
             e.settle(30)
-            assert len(e._decide._events) < 50
+            assert len(e.core.decisions._events) < 50
 
 
 @settings(max_examples=15, deadline=None,

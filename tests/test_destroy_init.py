@@ -7,7 +7,7 @@ Anything else (a directory with some other ``index/data.mdb``, a foreign LMDB en
 a plain directory) is refused with a typed error (exit 2) and nothing in it is touched; a
 real store whose index is damaged is still destroyed, memory tiers included, and a damaged
 copy never takes its original's memory tiers with it. Memory tiers live in a per-test
-directory here (``rkv.store.memory_dir`` patched), so nothing touches /dev/shm.
+directory here (``rkv.store.paths.memory_dir`` patched), so nothing touches /dev/shm.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rkvtest import SMALL, local_config, one_line_error, random_kv
 
 from rkv import Engine, EngineConfig, StoreError, TierConfig
 from rkv.cli import main
-from rkv.store import MARKER, check_store
+from rkv.store.paths import MARKER, check_store
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private stand-in for /dev/shm: memory tiers without a path live here."""
     d = tmp_path / "shm"
     d.mkdir()
-    monkeypatch.setattr("rkv.store.memory_dir", lambda: d)
+    monkeypatch.setattr("rkv.store.paths.memory_dir", lambda: d)
     return d
 
 

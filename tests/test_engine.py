@@ -21,7 +21,7 @@ from rkv import (
     StoreClosedError,
     TierFullError,
 )
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
 
 
 def toks(n: int, seed: int = 0) -> list[int]:
@@ -182,7 +182,7 @@ def test_clear(store_path: Path) -> None:
 
 
 def _chunk_bytes(e: Engine, n: int = 16) -> int:
-    from rkv.record import RecordHeader, array_record_size
+    from rkv.format.record import RecordHeader, array_record_size
 
     h = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
                      shape=SMALL.block_shape(n), dtype=SMALL.dtype, data_len=0, payload_len=0)
@@ -258,7 +258,7 @@ def test_corrupt_payload_is_uncorrectable_not_wrong(store_path: Path) -> None:
         key = chunk_keys(as_token_array(t), SMALL.fingerprint(), 16)[1]
         tier = e.tiers["dram"]
         rec = bytearray(tier.get(block_key(key, 2)) or b"")
-        from rkv.record import decode_record
+        from rkv.format.record import decode_record
 
         rec[decode_record(rec).header_bytes + 7] ^= 0x04
         tier.put(block_key(key, 2), rec)
@@ -281,7 +281,7 @@ def test_header_flips_through_the_engine_never_give_wrong_kv(store_path: Path) -
         tier = e.tiers["dram"]
         bkey = block_key(key, 0)
         orig = tier.get(bkey) or b""
-        from rkv.record import decode_record
+        from rkv.format.record import decode_record
 
         head = decode_record(orig).header_bytes
         rng = np.random.default_rng(0)
@@ -351,7 +351,7 @@ def test_closed_and_not_a_store(tmp_path: Path) -> None:
 
 
 def test_default_config_uses_memory_dir_and_destroy(tmp_path: Path) -> None:
-    from rkv.store import memory_dir, resolve_tier_path
+    from rkv.store.paths import memory_dir, resolve_tier_path
 
     path = tmp_path / "default"
     with Engine.open(path) as e:

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from rkvtest import SMALL, local_config, random_kv
 
 from rkv import ConfigError, Engine, EngineConfig, ModelSpec, UnknownFormatError
-from rkv.blockcodec import header_codec
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.record import decode_record, encode_record
+from rkv.codec.blockcodec import header_codec
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import decode_record, encode_record
 
 BIG = ModelSpec("test/big", n_layers=2, n_kv_heads=2, head_dim=16, dtype="float16")
 CODECS = ["rs(255,223)", "rs(255,239,interleave=4)", "bch(m=13,t=8)", "shardrs(k=8,m=2)",

@@ -12,10 +12,10 @@ import pytest
 from rkvtest import local_config, random_kv
 
 from rkv import ConfigError, Engine, EngineConfig, ModelSpec
-from rkv.blockcodec import header_codec
+from rkv.codec.blockcodec import header_codec
 from rkv.ecc import PlanesCodec
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.record import decode_record
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import decode_record
 
 TOLERANT = "planes(high=rs(255,223),low=none,tolerant=1)"
 STRICT = "planes(high=rs(255,223),low=rs(255,247),tolerant=0)"

@@ -10,9 +10,9 @@ import pytest
 from rkvtest import local_config, random_kv
 
 from rkv import ConfigError, Engine, EngineConfig, ModelSpec
-from rkv.blockcodec import header_stages
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.record import decode_record
+from rkv.codec.blockcodec import header_stages
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import decode_record
 
 SPEC = ModelSpec("test/quant", n_layers=2, n_kv_heads=2, head_dim=64, dtype="float16")
 

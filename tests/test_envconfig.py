@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rkv import Engine
-from rkv.config import EngineConfig
-from rkv.envconfig import apply_env, overrides
 from rkv.errors import ConfigError
+from rkv.store.config import EngineConfig
+from rkv.store.envconfig import apply_env, overrides
 
 
 def test_no_variables_keep_the_config_object() -> None:
@@ -104,11 +104,11 @@ def test_stored_index_sync_is_honoured_on_reopen(tmp_path: Path,
     cfg = EngineConfig(index_sync=False).with_tier("dram", path=str(tmp_path / "d")).with_tier(
         "cxl", path=str(tmp_path / "c"))
     with Engine.open(tmp_path / "s", cfg) as e:
-        assert e._index.env.force_sync is False
+        assert e.core.index.env.force_sync is False
     # RKV_INDEX_SYNC (or a stored index_sync) asks for it after the index is open.
     monkeypatch.setenv("RKV_INDEX_SYNC", "true")
     with Engine.open(tmp_path / "s") as e:
-        assert e.config.index_sync and e._index.env.force_sync
+        assert e.config.index_sync and e.core.index.env.force_sync
     monkeypatch.delenv("RKV_INDEX_SYNC")
     with Engine.open(tmp_path / "s") as e:   # stored now: still fsynced without the variable
-        assert e.config.index_sync and e._index.env.force_sync
+        assert e.config.index_sync and e.core.index.env.force_sync

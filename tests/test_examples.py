@@ -367,7 +367,7 @@ def test_runner_runs_in_order_and_reports_a_failing_block(tmp_path: Path) -> Non
 
 
 def test_runner_times_out_and_destroys_stores(tmp_path: Path) -> None:
-    from rkv.store import store_id_at
+    from rkv.store.paths import store_id_at
 
     md = tmp_path / "doc.md"
     md.write_text("```python\nfrom rkv import Engine\nEngine.open('s').close()\n"

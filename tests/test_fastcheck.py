@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rkvtest import SMALL, random_kv
 
+from rkv.codec.fastcheck import FastCheck
 from rkv.errors import IntegrityError
-from rkv.fastcheck import FastCheck
-from rkv.readpath import ReadPath
-from rkv.record import RecordHeader, decode_record, encode_array_record, framing_sizes
+from rkv.format.record import RecordHeader, decode_record, encode_array_record, framing_sizes
+from rkv.store.readpath import ReadPath
 
 KEY, FP = bytes(range(32)), SMALL.fingerprint()
 N_TOKENS = 5

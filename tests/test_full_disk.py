@@ -21,7 +21,7 @@ from rkvtest import local_config, random_kv
 
 from rkv import Engine, ModelSpec
 from rkv.errors import TierFullError
-from rkv.reserve import RESERVE_NAME
+from rkv.tiers.reserve import RESERVE_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ModelSpec("test/full", n_layers=4, n_kv_heads=4, head_dim=64, dtype="float16")

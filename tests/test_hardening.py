@@ -26,8 +26,8 @@ from rkv import (
     TierConfig,
     TierFullError,
 )
-from rkv.demo import synthetic_kv
-from rkv.keys import block_key
+from rkv.eval.demo import synthetic_kv
+from rkv.format.keys import block_key
 
 #: Bytes of one 16-token chunk of SMALL (3 layers) with no ECC, as the engine accounts it
 #: (record format 2: each header copy carries the write time).
@@ -181,19 +181,19 @@ def test_a_stale_policy_entry_cannot_wedge_a_put(tmp_path: Path) -> None:
         e.put(t, skv(t), model=SMALL)
         e.put(u, skv(u), model=SMALL)          # t is demoted to cxl
         e.pin(u, model=SMALL)                  # the only real dram chunks are pinned
-        ix = e._index
-        stale = list(e._decide.policies["cxl"])
+        ix = e.core.index
+        stale = list(e.core.decisions.policies["cxl"])
         for key in stale:                      # the dram policy believes t is still there
-            e._decide.policies["dram"].on_insert(
-                e._decide.policies["cxl"].item(key), 0.0)
-        rebuilt = e._decide.rebuilds
+            e.core.decisions.policies["dram"].on_insert(
+                e.core.decisions.policies["cxl"].item(key), 0.0)
+        rebuilt = e.core.decisions.rebuilds
         for s in range(3):
             v = toks(32, seed=10 + s)
             e.put(v, skv(v), model=SMALL)
             assert exact(e, v)
-        assert e._decide.rebuilds > rebuilt
+        assert e.core.decisions.rebuilds > rebuilt
         assert exact(e, t) and exact(e, u)
-        assert ix is e._index
+        assert ix is e.core.index
         usage_matches_records(e)
 
 
@@ -202,8 +202,8 @@ def test_unmovable_damaged_record_is_dropped_not_wedged(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "s", cfg) as e:
         t = toks(32)
         e.put(t, skv(t), model=SMALL)
-        with e._index.env.read() as txn:
-            first = next(k for k, m in e._index.chunks(txn) if m and not m.parent)
+        with e.core.index.env.read() as txn:
+            first = next(k for k, m in e.core.index.chunks(txn) if m and not m.parent)
         e.tiers["dram"].delete(block_key(first, 1))    # a record lost under the index
         for s in range(4):
             u = toks(32, seed=20 + s)
@@ -216,7 +216,7 @@ def test_unmovable_damaged_record_is_dropped_not_wedged(tmp_path: Path) -> None:
 
 # -- damage is contained -----------------------------------------------------------------------
 def _corrupt_index_value(e: Engine, db: str, key: bytes, at: int = 3) -> None:
-    ix = e._index
+    ix = e.core.index
 
     def fn(txn: Any, pending: Any) -> None:
         d = getattr(ix, f"_{db}")
@@ -224,15 +224,15 @@ def _corrupt_index_value(e: Engine, db: str, key: bytes, at: int = 3) -> None:
         v[at] ^= 0x01
         txn.put(key, bytes(v), db=d)
 
-    e._mutate(fn)
+    e.core.mutate(fn)
 
 
 def test_one_changed_character_in_the_tier_binding_drops_nothing(tmp_path: Path) -> None:
     t = toks(48)
     with Engine.open(tmp_path / "s", local_config(16)) as e:
         e.put(t, skv(t), model=SMALL)
-        with e._index.env.read() as txn:
-            raw = bytes(txn.get(b"tiers", db=e._index._meta))
+        with e.core.index.env.read() as txn:
+            raw = bytes(txn.get(b"tiers", db=e.core.index._meta))
         _corrupt_index_value(e, "meta", b"tiers", raw.index(b'"dram": "') + 12)  # dram's id
     with Engine.open(tmp_path / "s") as e:
         assert exact(e, t)
@@ -243,8 +243,8 @@ def test_damaged_chunk_entry_is_a_typed_error_and_put_heals_it(tmp_path: Path) -
     t = toks(48)
     with Engine.open(tmp_path / "s", local_config(16)) as e:
         e.put(t, skv(t), model=SMALL)
-        with e._index.env.read() as txn:
-            second = next(k for k, m in e._index.chunks(txn) if m and m.pos == 1)
+        with e.core.index.env.read() as txn:
+            second = next(k for k, m in e.core.index.chunks(txn) if m and m.pos == 1)
         _corrupt_index_value(e, "chunks", second)
         assert e.lookup(t, model=SMALL) == 16
         got = e.get(t, model=SMALL)
@@ -300,11 +300,11 @@ def test_usage_is_recounted_by_repair(tmp_path: Path) -> None:
         e.put(t, skv(t), model=SMALL)
 
         def leak(txn: Any, pending: Any) -> None:
-            u = e._index.usage(txn)
+            u = e.core.index.usage(txn)
             u.add("cxl", 5, 12345)
-            e._index.set_usage(txn, u)
+            e.core.index.set_usage(txn, u)
 
-        e._mutate(leak)
+        e.core.mutate(leak)
         assert e.verify(repair=True).usage_fixed
         usage_matches_records(e)
 
@@ -416,7 +416,7 @@ def test_reopen_in_a_forked_child(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS, errno.EIO])
 def test_os_errors_become_typed(err: int) -> None:
-    from rkv.lmdbenv import translate
+    from rkv.tiers.lmdbenv import translate
 
     out = translate(OSError(err, "x"), "here")
     assert isinstance(out, RkvError)
@@ -463,7 +463,7 @@ def test_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "store", readonly=True) as e:   # read without upgrading
         assert all(exact(e, t) for t in seqs)
     with Engine.open(tmp_path / "store") as e:
-        assert e._index.format == 3 and e.migrated_from == 1
+        assert e.core.index.format == 3 and e.migrated_from == 1
         assert all(exact(e, t) for t in seqs)
         assert e.stats()["pinned_chunks"] == 3
         assert e.verify().clean
@@ -474,7 +474,7 @@ def test_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
 
 
 def test_failed_open_releases_its_handles(tmp_path: Path) -> None:
-    import rkv.lmdbenv as lmdbenv
+    import rkv.tiers.lmdbenv as lmdbenv
 
     with Engine.open(tmp_path / "s", local_config(16)):
         pass
@@ -525,8 +525,8 @@ def test_nested_hold_keeps_the_writer_lock(tmp_path: Path) -> None:
         seen: list[str] = []
 
         def probe() -> None:
-            e._index.check()                       # a nested hold, ended inside the mutation
-            fd = os.open(e._index.env.path / "writer.lock", os.O_RDWR)
+            e.core.index.check()                       # a nested hold, ended inside the mutation
+            fd = os.open(e.core.index.env.path / "writer.lock", os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 seen.append("free")

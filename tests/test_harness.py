@@ -1,4 +1,4 @@
-"""The one fault-injection harness (rkv.faults.harness), accelerated fault models, DUE handling
+"""The one fault-injection harness (rkv.eval.faults.harness), accelerated fault models, DUE handling
 as the engine would, and quality confidence intervals."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 import faultmodels
 from faultmodels import ErrorPattern, FaultModelError
 from rkv import ConfigError
-from rkv.faults.campaign import CampaignConfig, run_campaign
-from rkv.faults.harness import Harness
-from rkv.faults.reliability import predict
-from rkv.faults.validate import z_score
-from rkv.model import ModelSpec
-from rkv.quality import RkvRoundTrip, mean_ci, raw_model_faults, t_quantile, text_windows
+from rkv.eval.faults.campaign import CampaignConfig, run_campaign
+from rkv.eval.faults.harness import Harness
+from rkv.eval.faults.validate import z_score
+from rkv.eval.quality import RkvRoundTrip, mean_ci, raw_model_faults, t_quantile, text_windows
+from rkv.format.model import ModelSpec
+from rkv.reliability.analytic import predict
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 sys.path.insert(0, str(GOLDEN_DIR))
@@ -178,7 +178,7 @@ def test_round_trip_returns_the_verified_prefix_and_counts_it(monkeypatch: Any) 
     DUE blocks and tokens to recompute to its stats."""
     tokens = list(range(64))
     kv = _kv(64, 1)
-    from rkv.faults.harness import kv_spec
+    from rkv.eval.faults.harness import kv_spec
 
     real = Harness.inject_model
 
@@ -240,7 +240,7 @@ def tiny() -> Any:
 def test_recompute_reuses_the_verified_prefix_and_recomputes_the_rest(tiny: Any,
                                                                       keep: int) -> None:
     from rkv.adapters.hf import kv_from_cache
-    from rkv.quality import _recompute
+    from rkv.eval.quality import _recompute
 
     x = torch.tensor([list(np.random.default_rng(4).integers(0, 97, 60))])
     with torch.no_grad():
@@ -257,7 +257,7 @@ def test_recompute_reuses_the_verified_prefix_and_recomputes_the_rest(tiny: Any,
 
 
 def test_evaluate_counts_recomputed_tokens_and_stays_close(tiny: Any) -> None:
-    from rkv.quality import evaluate
+    from rkv.eval.quality import evaluate
 
     windows = [list(np.random.default_rng(i).integers(0, 97, 60)) for i in range(3)]
 
@@ -277,7 +277,7 @@ def test_evaluate_counts_recomputed_tokens_and_stays_close(tiny: Any) -> None:
 
 
 def test_evaluate_many_shares_the_reference_and_matches_evaluate(tiny: Any) -> None:
-    from rkv.quality import cast_to, evaluate, evaluate_many
+    from rkv.eval.quality import cast_to, evaluate, evaluate_many
 
     windows = [list(np.random.default_rng(10 + i).integers(0, 97, 60)) for i in range(2)]
     settings = [("ref", None), ("fp16", cast_to("float16")),

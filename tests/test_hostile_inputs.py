@@ -225,7 +225,7 @@ def test_nesting_bounds_the_real_depth(depth: int, noise: str) -> None:
 
 
 def test_real_documents_are_not_refused() -> None:
-    from rkv.sweep.spec import builtin_path, load_sweep
+    from rkv.eval.sweep.spec import builtin_path, load_sweep
 
     root = Path(__file__).resolve().parent.parent
     for p in [*(root / "rkv" / "profiles").rglob("*.json"), *(root / "docs").rglob("*.json")]:
@@ -251,7 +251,7 @@ def test_an_overflowing_size_in_the_environment(tmp_path: Path,
 
 
 def test_sizes_in_the_environment_are_exact() -> None:
-    from rkv.envconfig import apply_env
+    from rkv.store.envconfig import apply_env
 
     cfg = apply_env(None, {"RKV_TIER_NVME_MAP_BYTES": "4503599627370495"})  # 2^52 - 1
     assert cfg is not None and cfg.tier("nvme").map_bytes == 4503599627370495
@@ -264,7 +264,7 @@ def test_sizes_in_the_environment_are_exact() -> None:
 
 
 def test_config_sizes_have_maxima() -> None:
-    from rkv.config import MAX_TIER_BYTES, TierConfig
+    from rkv.store.config import MAX_TIER_BYTES, TierConfig
 
     TierConfig("t", capacity_bytes=MAX_TIER_BYTES)
     with pytest.raises(ConfigError, match="capacity_bytes"):
@@ -360,8 +360,8 @@ def _counting_lru(capacity: int) -> object:
 
 
 def _one_request(n: int) -> object:
-    from rkv.replay import prepare
-    from rkv.traces import Request
+    from rkv.eval.replay.simulate import prepare
+    from rkv.format.traces import Request
 
     return prepare([Request(0.0, 512 * n, tuple(range(n)))])
 
@@ -371,8 +371,8 @@ def test_a_long_request_replays_in_linear_time(tiers: bool) -> None:
     """One request of n blocks into a cache of n/2 (or tiers of n/4 and n/4): every block
     past the cache's size finds everything protected. Asking the policy again for each of
     them walked the whole cache: n^2 / 4 steps."""
-    from rkv.replay import CostModel, simulate
-    from rkv.replay_tiers import Tier, simulate_tiers
+    from rkv.eval.replay.simulate import CostModel, simulate
+    from rkv.eval.replay.tiers import Tier, simulate_tiers
 
     bb = CostModel().block_bytes
     steps = {}
@@ -415,7 +415,7 @@ def test_an_endless_moe_trace_line(tmp_path: Path) -> None:
 def test_scrub_once_on_an_empty_store_computes_no_schedule(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import rkv.scrub
+    import rkv.store.scrub
 
     asked: list[object] = []
 
@@ -423,7 +423,7 @@ def test_scrub_once_on_an_empty_store_computes_no_schedule(
         asked.append(tiers)
         return {}
 
-    monkeypatch.setattr(rkv.scrub, "tier_schedules", counting)
+    monkeypatch.setattr(rkv.store.scrub, "tier_schedules", counting)
     path = tmp_path / "s"
     with Engine.open(path, local_config(16)):
         pass
@@ -438,7 +438,7 @@ def test_scrub_once_on_an_empty_store_computes_no_schedule(
 
 # -- sweeps ----------------------------------------------------------------------------------
 def test_a_sweep_of_millions_of_cells_is_refused(tmp_path: Path) -> None:
-    from rkv.sweep.spec import MAX_CELLS, load_sweep
+    from rkv.eval.sweep.spec import MAX_CELLS, load_sweep
 
     p = tmp_path / "huge.toml"
     p.write_text("[sweep]\nname = 'huge'\nseeds = [" + ", ".join(map(str, range(300)))

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from rkv import InputError, ModelSpec
 from rkv.errors import ConfigError
-from rkv.keys import as_token_array, block_key, chunk_keys, split_block_key
+from rkv.format.keys import as_token_array, block_key, chunk_keys, split_block_key
 
 FP = ModelSpec("m", 2, 2, 4).fingerprint()
 

@@ -10,7 +10,7 @@ import pytest
 
 import rkv
 
-HEAVY = ("numpy", "numba", "llvmlite", "lmdb", "rkv.engine")
+HEAVY = ("numpy", "numba", "llvmlite", "lmdb", "rkv.store.engine")
 
 
 @pytest.mark.parametrize("stmt", ["import rkv", "import rkv.cli", "from rkv import RkvError"])
@@ -22,8 +22,8 @@ def test_import_loads_nothing_heavy(stmt: str) -> None:
 
 
 def test_lazy_names_are_the_real_objects() -> None:
-    from rkv.config import EngineConfig
-    from rkv.engine import Engine
+    from rkv.store.config import EngineConfig
+    from rkv.store.engine import Engine
 
     assert rkv.Engine is Engine and rkv.EngineConfig is EngineConfig
     assert set(rkv.__all__) <= set(dir(rkv))

@@ -1,4 +1,4 @@
-"""Faults in time (rkv.faults.timeline) and campaigns over time (rkv.faults.overtime)."""
+"""Faults in time (rkv.reliability.timeline) and campaigns over time (rkv.eval.faults.overtime)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 import faultmodels
 from rkv.errors import ConfigError
-from rkv.faults.campaign import wilson
-from rkv.faults.overtime import OverTimeConfig, run_over_time
-from rkv.faults.timeline import TimelineError, draw_timeline
+from rkv.eval.faults.campaign import wilson
+from rkv.eval.faults.overtime import OverTimeConfig, run_over_time
+from rkv.reliability.timeline import TimelineError, draw_timeline
 
 NBYTES = 196608
 

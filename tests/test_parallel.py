@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rkv import parallel
-from rkv.config import EngineConfig
 from rkv.errors import ConfigError
+from rkv.store.config import EngineConfig
 
 
 @pytest.fixture(autouse=True)

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rkv.blockcodec import encode_block
+from rkv.codec.blockcodec import encode_block
+from rkv.codec.pipeline import Pipeline
 from rkv.ecc import get_codec
-from rkv.pipeline import Pipeline
-from rkv.record import RecordHeader, decode_record
-from rkv.tensors import numpy_dtype
+from rkv.format.record import RecordHeader, decode_record
+from rkv.format.tensors import numpy_dtype
 
 QUANTS = ["none", "fp16", "16", "kivi(bits=8)", "kivi(bits=4)", "kivi(bits=2)"]
 ECCS = ["none", "rs(255,239)", "rs(255,223,interleave=8)", "bch(m=13,t=8)",
@@ -71,9 +71,9 @@ def test_bad_specs_are_config_errors() -> None:
 def test_campaign_predicts_the_record_it_stores() -> None:
     """A quantized campaign's prediction is for the record the engine really writes (the
     header lists the quantizer too)."""
-    from rkv.faults.bench import _Bench
-    from rkv.faults.campaign import CampaignConfig
-    from rkv.faults.reliability import predict
+    from rkv.eval.faults.bench import _Bench
+    from rkv.eval.faults.campaign import CampaignConfig
+    from rkv.reliability.analytic import predict
 
     cfg = CampaignConfig(protection="rs(255,239)", bits=4, trials=1, blocks=2,
                          chunk_tokens=64, kv_heads=1)

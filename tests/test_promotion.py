@@ -11,7 +11,7 @@ import numpy as np
 from rkvtest import SMALL, local_config, random_kv
 
 from rkv import Engine
-from rkv.promotion import BATCH
+from rkv.store.promotion import BATCH
 
 CHUNK = 16
 
@@ -54,9 +54,9 @@ def test_a_budgeted_prefetch_stays_one_mutation(tmp_path: Path) -> None:
 
 
 def test_a_read_never_waits_for_a_move(tmp_path: Path, monkeypatch: Any) -> None:
-    import rkv.decisions
+    import rkv.store.decisions
 
-    monkeypatch.setattr(rkv.decisions, "_REPORTED", 1)   # every read asks for a flush
+    monkeypatch.setattr(rkv.store.decisions, "_REPORTED", 1)   # every read asks for a flush
     path, seq, _ = store_in_nvme(tmp_path, 2)
     hot, hot_kv = toks(CHUNK, 7), random_kv(SMALL, CHUNK, 7)
     with Engine.open(path, local_config(CHUNK, promote="never")) as e:

@@ -11,7 +11,7 @@ import pytest
 from rkvtest import random_kv
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
 
 
 def records(path: Path, threads: int, ecc: str, quant: str, tokens: list[int],

@@ -6,8 +6,8 @@ import csv
 import io
 import json
 
-from rkv.quality import Quality
-from rkv.quality_table import format_table
+from rkv.eval.quality import Quality
+from rkv.eval.quality_table import format_table
 
 
 def _q(label: str, ppl: list[float], kl: list[float], redo: int = 0) -> Quality:

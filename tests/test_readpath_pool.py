@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rkv import Engine, ModelSpec, parallel, readpath
+from rkv import Engine, ModelSpec, parallel
 from rkv.errors import IntegrityError
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.store import readpath
 from tests.rkvtest import local_config, random_kv
 
 SPEC = ModelSpec("test/pool", n_layers=6, n_kv_heads=2, head_dim=32, dtype="float16")

@@ -16,14 +16,14 @@ from rkv.errors import (
     TruncatedRecordError,
     UnknownFormatError,
 )
-from rkv.record import (
+from rkv.format.record import (
     RecordHeader,
     data_checksum,
     decode_record,
     encode_array_record,
     encode_record,
 )
-from rkv.tensors import numpy_dtype
+from rkv.format.tensors import numpy_dtype
 
 GOLDEN = Path(__file__).parent / "golden"
 KEY = bytes(range(32))
@@ -262,7 +262,7 @@ def test_hostile_but_well_checksummed_header_is_rejected() -> None:
 
     import xxhash
 
-    from rkv.record import MAGIC
+    from rkv.format.record import MAGIC
 
     good = RecordHeader(key=KEY, layer=0, fingerprint=FP, shape=(2, 1, 1, 1), dtype="float16",
                         data_len=2, payload_len=2).to_bytes()
@@ -332,8 +332,8 @@ def test_golden_v3_record() -> None:
     """A v3 record (framing spread over sectors, written for shard codes with shards of a
     sector or more) decodes, verifies and re-encodes byte for byte; its copies lie where
     copy_offsets says."""
-    from rkv.blockcodec import read_block
-    from rkv.record import SPREAD_AT, copy_offsets
+    from rkv.codec.blockcodec import read_block
+    from rkv.format.record import SPREAD_AT, copy_offsets
 
     mod: Any = _golden_module()
     (name, (dtype, shape, layer)), = mod.V3_CASES.items()

@@ -20,7 +20,7 @@ from policies import EvictionPolicy, Item, PolicyError, Reason, available, make_
 from policies.belady import Belady, InfiniteCache, next_use_positions
 from rkv.cli import main
 from rkv.errors import ConfigError, InputError
-from rkv.replay import (
+from rkv.eval.replay.simulate import (
     CostModel,
     Trace,
     parse_capacity,
@@ -28,7 +28,7 @@ from rkv.replay import (
     run_replay,
     simulate,
 )
-from rkv.traces import MAX_LINE_BYTES, Request, read_trace
+from rkv.format.traces import MAX_LINE_BYTES, Request, read_trace
 
 SHARED_TRACE = Path(__file__).parents[2] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
 UNIT = CostModel(block_bytes=1)
@@ -459,8 +459,8 @@ def test_engine_access_log_replays(tmp_path: Path, capsys: pytest.CaptureFixture
     from rkvtest import SMALL, local_config
 
     from rkv import Engine
-    from rkv.demo import synthetic_kv
-    from rkv.keys import as_token_array, chunk_keys
+    from rkv.eval.demo import synthetic_kv
+    from rkv.format.keys import as_token_array, chunk_keys
 
     log = tmp_path / "access.jsonl"
     base = np.arange(48)

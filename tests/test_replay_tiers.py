@@ -1,4 +1,4 @@
-"""Multi-tier replay (``rkv.replay_tiers``): one tier is exactly ``simulate``; demotion,
+"""Multi-tier replay (``rkv.eval.replay.tiers``): one tier is exactly ``simulate``; demotion,
 promotion and prefetch on hand-built traces with known answers; conservation of blocks and
 bytes; protection of the running and queued requests; layouts and the command line."""
 
@@ -24,10 +24,10 @@ from policies import (
 )
 from rkv.cli import main
 from rkv.errors import ConfigError
-from rkv.replay import CostModel, Result, Trace, parse_capacity, prepare, simulate
-from rkv.replay_report import format_table, parse_budget, parse_layout
-from rkv.replay_tiers import Tier, replay_all, run_layouts, simulate_tiers
-from rkv.traces import Request, read_trace
+from rkv.eval.replay.report import format_table, parse_budget, parse_layout
+from rkv.eval.replay.simulate import CostModel, Result, Trace, parse_capacity, prepare, simulate
+from rkv.eval.replay.tiers import Tier, replay_all, run_layouts, simulate_tiers
+from rkv.format.traces import Request, read_trace
 
 SHARED_TRACE = Path(__file__).parents[2] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
 UNIT = CostModel(block_bytes=1, bandwidth=1.0, latency=0.5, recompute_tps=512)

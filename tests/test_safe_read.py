@@ -15,7 +15,7 @@ import pytest
 from rkvtest import SMALL, local_config, random_kv
 
 from rkv import ConfigError, Engine, MediumError, TierConfig
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.tiers import safe_read
 from rkv.tiers.safe_read import PAGE, MapFile
 

@@ -1,4 +1,4 @@
-"""The scrub schedule (rkv.faults.schedule): the refresh age is the boundary of predict's
+"""The scrub schedule (rkv.reliability.schedule): the refresh age is the boundary of predict's
 P(DUE) (checked against a dense grid of direct predict calls), monotone in the code and the
 target; scrub interval, per block-day figures, infeasible and never-needed cases; the
 EngineConfig setting and ``rkv info --schedule``."""
@@ -20,9 +20,9 @@ from rkvtest import SMALL, local_config, random_kv
 import faultmodels as fm
 from rkv import ConfigError, Engine, EngineConfig
 from rkv.cli import main
-from rkv.faults import schedule as sch
-from rkv.faults.reliability import predict
-from rkv.faults.schedule_info import human_hours
+from rkv.reliability import schedule as sch
+from rkv.reliability.analytic import predict
+from rkv.store.schedule_info import human_hours
 
 TOL = 1e-3
 
@@ -196,7 +196,7 @@ def test_info_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_models_by_preset_name_or_a_typed_error() -> None:
-    from rkv.faults.schedule import as_model, refresh_age, scrub_interval
+    from rkv.reliability.schedule import as_model, refresh_age, scrub_interval
 
     code = "rs(255,239)"
     assert refresh_age("raw-ber", code, 4096, 1e-3) == refresh_age(

@@ -16,8 +16,8 @@ from rkvtest import SMALL, random_kv
 
 from rkv import Engine, EngineConfig, TierConfig
 from rkv.errors import ConfigError
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.scrub import Scrubber, ScrubConfig, scrub
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.store.scrub import Scrubber, ScrubConfig
 
 CHUNK = 16
 HOUR = 3600 * 10**9
@@ -82,12 +82,12 @@ def test_an_aged_block_is_refreshed_and_then_reads_clean(store: Any) -> None:
     clock = e.clock
     n = 4 * SMALL.n_layers
     cfg = ScrubConfig(refresh_hours={"dram": 1.0, "nvme": 1.0})
-    assert scrub(e, cfg).total("refreshed") == 0          # young: read, left alone
+    assert e.scrub(cfg).total("refreshed") == 0          # young: read, left alone
     clock.t += 2 * HOUR
-    rep = scrub(e, cfg)
+    rep = e.scrub(cfg)
     assert rep.total("refreshed") == n and rep.total("scanned") == n
     assert all(b.age_s == 0 for b in e.block_ages())      # a rewrite restarts the age
-    assert scrub(e, cfg).total("refreshed") == 0
+    assert e.scrub(cfg).total("refreshed") == 0
     assert exact(e, toks, kv)
     e.close()
 
@@ -98,7 +98,7 @@ def test_correctable_damage_is_rewritten_and_the_data_stays_exact(store: Any) ->
     hit = [block_key(keys[c], layer) for c in (0, 2) for layer in range(SMALL.n_layers)]
     for bk in hit:
         damage(e, "dram", bk, [50, 70])
-    rep = scrub(e, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}))
+    rep = e.scrub(ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}))
     assert rep.total("corrected") == len(hit) and rep.total("lost") == 0
     v = e.verify()
     assert v.clean and v.corrected == 0 and v.ok == 4 * SMALL.n_layers
@@ -109,7 +109,7 @@ def test_correctable_damage_is_rewritten_and_the_data_stays_exact(store: Any) ->
 def test_a_correction_below_the_margin_is_left_in_place(store: Any) -> None:
     e, toks, _kv = store("rs(255,239)")
     damage(e, "dram", block_key(keys_of(toks)[1], 0), [50])
-    rep = scrub(e, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}, margin=1000))
+    rep = e.scrub(ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}, margin=1000))
     assert rep.total("corrected") == 0
     assert e.verify().corrected == 1
     e.close()
@@ -120,7 +120,7 @@ def test_an_uncorrectable_block_with_a_copy_elsewhere_is_repaired(store: Any) ->
     bk = block_key(keys_of(toks)[1], 2)
     e.tiers["nvme"].put(bk, e.tiers["dram"].get(bk))      # a copy in another tier
     damage(e, "dram", bk, [50], width=8)
-    rep = scrub(e, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}))
+    rep = e.scrub(ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}))
     assert rep.total("repaired") == 1 and rep.total("lost") == 0
     assert exact(e, toks, kv)
     e.close()
@@ -130,7 +130,7 @@ def test_an_uncorrectable_block_without_a_copy_drops_its_chunk(store: Any) -> No
     e, toks, kv = store()
     bk = block_key(keys_of(toks)[2], 0)
     damage(e, "dram", bk, [50], width=8)
-    rep = scrub(e, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}))
+    rep = e.scrub(ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}))
     assert rep.total("lost") == 1 and rep.chunks_dropped == 1
     assert "1 chunks dropped" in rep.render()
     got = e.get(toks, model=SMALL)          # the prefix before it, exact; nothing wrong
@@ -147,7 +147,7 @@ def test_riskiest_blocks_come_first(store: Any) -> None:
     clock.t += 5 * HOUR
     late = tokens(CHUNK, seed=9)
     e.put(late, random_kv(SMALL, CHUNK, 9), model=SMALL)        # younger
-    s = Scrubber(e, ScrubConfig(refresh_hours={"dram": 10.0, "nvme": 10.0}))
+    s = Scrubber(e.core, ScrubConfig(refresh_hours={"dram": 10.0, "nvme": 10.0}))
     order = s.order()
     young = set(keys_of(late))
     assert [b.key in young for b in order] == [False] * (4 * 3) + [True] * 3
@@ -158,7 +158,7 @@ def test_riskiest_blocks_come_first(store: Any) -> None:
 def test_the_budget_paces_the_pass(store: Any) -> None:
     e, _toks, _kv = store()
     total = sum(b.nbytes for b in e.block_ages())
-    rep = scrub(e, ScrubConfig(budget_mbps=total / 0.3 / 1e6, refresh_hours={"dram": 1e6,
+    rep = e.scrub(ScrubConfig(budget_mbps=total / 0.3 / 1e6, refresh_hours={"dram": 1e6,
                                                                               "nvme": 1e6}))
     assert rep.seconds >= 0.3 * (1 - 1 / (4 * SMALL.n_layers)) - 1e-3
     e.close()
@@ -172,7 +172,7 @@ def test_stop_ends_a_pass_between_blocks(store: Any) -> None:
         if done == 3:
             stop.set()
 
-    rep = Scrubber(e, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}),
+    rep = Scrubber(e.core, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}),
                    progress=progress, stop=stop).run()
     assert rep.interrupted and rep.total("scanned") == 3
     assert "interrupted" in rep.render()
@@ -183,7 +183,7 @@ def test_a_chunk_stored_anew_before_the_drop_is_kept(store: Any) -> None:
     e, toks, kv = store()
     bk = block_key(keys_of(toks)[3], 1)
     damage(e, "dram", bk, [50], width=8)
-    s = Scrubber(e, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}))
+    s = Scrubber(e.core, ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6}))
 
     def writer() -> None:       # the window between the pass's read and its drop
         e.delete(toks, model=SMALL)
@@ -199,7 +199,7 @@ def test_a_chunk_stored_anew_before_the_drop_is_kept(store: Any) -> None:
 def test_a_block_moved_before_its_rewrite_is_skipped(store: Any) -> None:
     e, toks, _kv = store()
     e.clock.t += 2 * HOUR
-    s = Scrubber(e, ScrubConfig(refresh_hours={"dram": 1.0, "nvme": 1.0}))
+    s = Scrubber(e.core, ScrubConfig(refresh_hours={"dram": 1.0, "nvme": 1.0}))
 
     def deleter() -> None:      # the window between the pass's reads and its rewrites
         e.delete(toks[:2 * CHUNK + 1], model=SMALL)
@@ -221,7 +221,7 @@ def _killed_scrub(path: str, point: str) -> None:
         os._exit(9)
 
     e.hooks[point] = die
-    scrub(e, ScrubConfig(refresh_hours={"dram": 1.0, "nvme": 1.0}))
+    e.scrub(ScrubConfig(refresh_hours={"dram": 1.0, "nvme": 1.0}))
 
 
 @pytest.mark.parametrize("point", ["locked", "committed"])
@@ -249,7 +249,7 @@ def test_a_killed_scrub_leaves_a_consistent_store(tmp_path: Path, point: str) ->
 def test_unknown_tier_is_an_error(store: Any) -> None:
     e, *_ = store()
     with pytest.raises(ConfigError, match="no tier cxl"):
-        Scrubber(e, ScrubConfig(tiers=("cxl",)))
+        Scrubber(e.core, ScrubConfig(tiers=("cxl",)))
     with pytest.raises(ConfigError, match="budget_mbps"):
         ScrubConfig(budget_mbps=0)
     with pytest.raises(ConfigError, match="unknown key"):
@@ -300,9 +300,9 @@ def test_repeating_passes_refresh_what_would_age_past_the_limit_before_the_next(
         store: Any) -> None:
     e, *_ = store()
     e.clock.t += 5 * HOUR
-    once = scrub(e, ScrubConfig(refresh_hours={"dram": 10.0, "nvme": 10.0}))
+    once = e.scrub(ScrubConfig(refresh_hours={"dram": 10.0, "nvme": 10.0}))
     assert once.total("refreshed") == 0                  # 5 h old, limit 10 h
-    every6 = scrub(e, ScrubConfig(refresh_hours={"dram": 10.0, "nvme": 10.0},
+    every6 = e.scrub(ScrubConfig(refresh_hours={"dram": 10.0, "nvme": 10.0},
                                   interval_hours=6.0))
     assert every6.total("refreshed") == 4 * SMALL.n_layers   # 5 h + 6 h > 10 h
     e.close()
@@ -312,7 +312,7 @@ def test_a_block_corrected_again_after_its_rewrite_moves_a_tier_down(store: Any)
     e, toks, kv = store("rs(255,239)")
     bk = block_key(keys_of(toks)[1], 2)
     cfg = ScrubConfig(refresh_hours={"dram": 1e6, "nvme": 1e6})
-    s = Scrubber(e, cfg)
+    s = Scrubber(e.core, cfg)
     damage(e, "dram", bk, [50, 70])
     assert s.run().total("corrected") == 1           # first time: rewritten in place
     damage(e, "dram", bk, [50, 70])                  # the same fault again

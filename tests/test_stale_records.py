@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from rkvtest import SMALL, local_config, random_kv
 
 from rkv import Engine
+from rkv.codec.fastcheck import FastCheck
 from rkv.errors import StaleRecordError
-from rkv.fastcheck import FastCheck
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.readpath import ReadPath
-from rkv.record import RecordHeader, decode_record, encode_array_record
-from rkv.results import OK, UNCORRECTABLE
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import RecordHeader, decode_record, encode_array_record
+from rkv.store.readpath import ReadPath
+from rkv.store.results import OK, UNCORRECTABLE
 
 CHUNK = 16
 TOKENS = np.arange(3 * CHUNK)

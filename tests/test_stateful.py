@@ -19,7 +19,7 @@ from hypothesis.stateful import (
 from rkvtest import SMALL, local_config
 
 from rkv import Engine
-from rkv.demo import synthetic_kv
+from rkv.eval.demo import synthetic_kv
 
 CHUNK = 2
 seqs = st.lists(st.integers(0, 2), min_size=0, max_size=7).map(tuple)

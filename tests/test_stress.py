@@ -37,8 +37,8 @@ import numpy as np
 from rkvtest import SMALL, local_config
 
 from rkv import Engine, EngineConfig
-from rkv.demo import synthetic_kv
-from rkv.scrub import ScrubConfig, scrub
+from rkv.eval.demo import synthetic_kv
+from rkv.store.scrub import ScrubConfig
 
 CHUNK = 16
 CAPS = (64 << 10, 256 << 10, 64 << 20)    # dram, cxl tiny: demotions all the time
@@ -127,7 +127,7 @@ def _worker(role: str, wid: int, path: str, run_s: float, log_path: str, barrier
                     elif role == "clearer":
                         res = engine.clear()
                     elif role == "scrubber":
-                        res = scrub(engine, ScrubConfig(
+                        res = engine.scrub(ScrubConfig(
                             refresh_hours={t: 1e-12 for t in engine.tiers}, batch=8))
                     else:
                         res = engine.get(s, model=SMALL)

@@ -9,17 +9,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rkv.faults.campaign import wilson
-from rkv.placement.engine_plans import EnginePlacement
-from rkv.sweep.cells import run_cell
-from rkv.sweep.planned import (
+from rkv.eval.faults.campaign import wilson
+from rkv.eval.sweep.cells import run_cell
+from rkv.eval.sweep.planned import (
     PlannedRoundTrip,
     engine_config,
     mover,
     plan_classes,
     smollm2_fp16,
 )
-from rkv.sweep.spec import parse_sweep
+from rkv.eval.sweep.spec import parse_sweep
+from rkv.store.plans import EnginePlacement
 
 # Two bit-widths and two codes keep the planner's predictions to four.
 # The KL budget keeps some layers at 16 bits: a mix of two (bits, code) groups.

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from rkv.cli import main
 from rkv.errors import InputError
-from rkv.faults.campaign import wilson
-from rkv.sweep.report import load_rows, pareto, summary, write_report
-from rkv.sweep.report_rows import TornLineWarning, check_row
-from rkv.sweep.report_rows import settings as pooled
-from rkv.sweep.results import ResultsError
+from rkv.eval.faults.campaign import wilson
+from rkv.eval.sweep.report import load_rows, pareto, summary, write_report
+from rkv.eval.sweep.report_rows import TornLineWarning, check_row
+from rkv.eval.sweep.report_rows import settings as pooled
+from rkv.eval.sweep.results import ResultsError
 
 N = 100  # blocks per row
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from rkv.cli import main
-from rkv.sweep.results import ResultsError, ResultsFile, read_rows
-from rkv.sweep.run import run_sweep
-from rkv.sweep.spec import Sweep, parse_sweep
+from rkv.eval.sweep.results import ResultsError, ResultsFile, read_rows
+from rkv.eval.sweep.run import run_sweep
+from rkv.eval.sweep.spec import Sweep, parse_sweep
 
 CHEAP: dict[str, Any] = {
     "sweep": {"name": "cheap", "metrics": ["reliability", "cost"], "seeds": [0, 1]},
@@ -166,7 +166,7 @@ def test_rows_carry_config_version_and_timings(tmp_path: Path) -> None:
 
 
 def test_a_failing_cell_does_not_stop_the_others(tmp_path: Path, monkeypatch: Any) -> None:
-    import rkv.sweep.run as run_mod
+    import rkv.eval.sweep.run as run_mod
 
     real = run_mod.run_cell
 
@@ -200,7 +200,7 @@ def test_ray_gives_the_serial_rows(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     import ray
 
-    from rkv.sweep.executors import RayExecutor
+    from rkv.eval.sweep.executors import RayExecutor
 
     sweep = cheap(tmp_path, params={"raw-ber": {"ber": 1e-5}})
     serial = run_sweep(sweep, executor="serial", progress=False,

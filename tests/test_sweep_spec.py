@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rkv.errors import ConfigError
-from rkv.sweep.spec import cell_key, load_sweep, parse_sweep
+from rkv.eval.sweep.spec import cell_key, load_sweep, parse_sweep
 
 BASE: dict[str, Any] = {"sweep": {"name": "t", "metrics": ["reliability", "cost"]}}
 CODES = ["none", "crc32c", "rs(255,239)", "rs(255,223)", "bch(m=13,t=8)"]

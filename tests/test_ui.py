@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rkv.errors import InputError
-from rkv.results import human_bytes as results_human_bytes
+from rkv.store.results import human_bytes as results_human_bytes
 from rkv.ui import Column, Progress, echo_table, human_bytes, render
 
 ROWS = [{"outcome": "clean", "count": 0, "rate": 1.0, "ci": "[1, 1]"},

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rkv.demo import run_demo, synthetic_kv
-from rkv.demo_faults import BURSTS, fault_demo, fault_rows
-from rkv.model import ModelSpec
+from rkv.eval.demo import run_demo, synthetic_kv
+from rkv.eval.demo_faults import BURSTS, fault_demo, fault_rows
+from rkv.format.model import ModelSpec
 
 SPEC = ModelSpec("test/demo", n_layers=8, n_kv_heads=2, head_dim=16, dtype="float16")
 

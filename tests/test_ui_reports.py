@@ -10,11 +10,11 @@ import json
 import math
 from typing import Any
 
-from rkv.faults.schedule_info import schedule_rows, schedule_text
-from rkv.replay import Result
-from rkv.replay_report import format_table
-from rkv.scrub_report import ScrubReport, TierScrub
-from rkv.storemix import mix_rows, mix_table
+from rkv.eval.replay.report import format_table
+from rkv.eval.replay.simulate import Result
+from rkv.store.schedule_info import schedule_rows, schedule_text
+from rkv.store.scrub_report import ScrubReport, TierScrub
+from rkv.store.storemix import mix_rows, mix_table
 
 
 def _result(policy: str, capacity: str, hits: int) -> Result:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from rkv.sweep.report import front_rows, front_table, pareto
-from rkv.sweep.run import run_sweep
-from rkv.sweep.spec import parse_sweep
+from rkv.eval.sweep.report import front_rows, front_table, pareto
+from rkv.eval.sweep.run import run_sweep
+from rkv.eval.sweep.spec import parse_sweep
 from tests.test_sweep_report import grid
 
 
@@ -28,7 +28,7 @@ def test_sweep_progress_and_log_off_a_terminal(tmp_path: Path,
                  "layout": [{"chunk_tokens": 32}]},
         "params": {"raw-ber": {"ber": [1e-6]}},
         "reliability": {"trials": 1, "blocks": 1}})
-    with caplog.at_level(logging.INFO, logger="rkv.sweep.run"):
+    with caplog.at_level(logging.INFO, logger="rkv.eval.sweep.run"):
         run = run_sweep(sweep, executor="serial", progress=True)
     assert len(run.ran) == 2
     err = capsys.readouterr().err

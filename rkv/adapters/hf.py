@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from rkv.adapters.hf_store import as_rows, model_dtype, resolve_spec, spec_for, stored_prefix
-from rkv.engine import Engine, GetResult
 from rkv.errors import ShapeError
-from rkv.model import ModelSpec
+from rkv.format.model import ModelSpec
+from rkv.store.engine import Engine, GetResult
 
 
 def model_spec(model: Any, model_id: str, *, revision: str = "", dtype: str | None = None

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from rkv.adapters.hf import kv_tensor
 from rkv.adapters.hf_store import as_rows
-from rkv.engine import GetResult
 from rkv.errors import InputError
+from rkv.store.engine import GetResult
 
 if TYPE_CHECKING:
     from rkv.adapters.hf import HFPrefixCache

@@ -1,6 +1,6 @@
 """What the Hugging Face adapter asks of the store (transformers is imported lazily).
 
-- :func:`resolve_spec`: the :class:`~rkv.model.ModelSpec` a model's KV is stored under,
+- :func:`resolve_spec`: the :class:`~rkv.format.model.ModelSpec` a model's KV is stored under,
   checked against the model's config and against the specs the store already holds, so a
   model that does not match the store's KV is a :class:`~rkv.errors.ShapeError`, never a
   silent miss.
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rkv.errors import ShapeError
-from rkv.model import KV_DTYPES, ModelSpec
+from rkv.format.model import KV_DTYPES, ModelSpec
 
 if TYPE_CHECKING:
-    from rkv.engine import Engine
+    from rkv.store.engine import Engine
 
 #: The layout of KV as a ``DynamicCache`` holds it (keys after RoPE), in the fingerprint.
 LAYOUT = "hf-dynamic-cache"
@@ -131,7 +131,7 @@ def stored_specs(engine: Engine) -> list[ModelSpec]:
 def stored_prefix(engine: Engine, tokens: Any, spec: ModelSpec) -> int:
     """Length of the longest stored prefix of ``tokens``, counting a stored partial chunk
     that continues the stored full chunks (not yet verified: a get does that;
-    :mod:`rkv.prefix`)."""
+    :mod:`rkv.store.prefix`)."""
     return engine.lookup(tokens, model=spec, partial=True)
 
 

@@ -1,6 +1,6 @@
 """A ``DynamicCache`` whose restored layers arrive while the model runs.
 
-A restore with :meth:`rkv.engine.Engine.get` reads and verifies every layer before the
+A restore with :meth:`rkv.store.engine.Engine.get` reads and verifies every layer before the
 prefill of the new tokens starts. :class:`StreamedCache` instead takes the layers from a
 layer stream (:meth:`Engine.get_layers`): layer ``i``'s stored KV is put into the cache
 right before the model's layer ``i`` attends over it (``update(..., layer_idx=i)``), and the

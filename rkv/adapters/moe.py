@@ -1,10 +1,10 @@
 """MoE experts streamed from rkv's tiers: :class:`RkvExperts`, an
 :class:`~rkv.moe.experts.ExpertProvider` (docs/moe.md, "The adapter: experts in rkv").
 
-Every expert is written once as a verified rkv record (:mod:`rkv.adapters.moe_store`: one
+Every expert is written once as a verified rkv record (:mod:`rkv.moe.store`: one
 record per expert, keyed by model fingerprint, layer and expert id), protected by its tier's
 ECC and placed across the tiers (the most used experts highest). A device cache of decoded
-experts within a byte budget (:mod:`rkv.adapters.moe_cache`) is run by the ``policies``
+experts within a byte budget (:mod:`rkv.moe.cache`) is run by the ``policies``
 objects the KV engine uses. A miss loads the record through the verified read path; a record
 that cannot be verified is reported, then read from a second copy (``backup_tier``), else
 served from the low-bit copy (``low_bit_copy``, marked :class:`ApproximateExpert` and counted),
@@ -30,9 +30,18 @@ from typing import TYPE_CHECKING, Any
 
 from policies import make_prefetch
 from policies.base import Item, PrefetchPolicy
-from rkv.adapters.moe_cache import DeviceCache, Key
-from rkv.adapters.moe_plan import ReplanReport, plan_new, replan
-from rkv.adapters.moe_store import (
+from rkv.errors import (
+    ConfigError,
+    InputError,
+    IntegrityError,
+    RecordMismatchError,
+    RkvError,
+    StoreError,
+)
+from rkv.moe.cache import DeviceCache, Key
+from rkv.moe.experts import ExpertWeights
+from rkv.moe.plan import ReplanReport, plan_new, replan
+from rkv.moe.store import (
     FULL,
     LOW,
     ExpertInfo,
@@ -46,17 +55,8 @@ from rkv.adapters.moe_store import (
     tier_key,
     write_store,
 )
-from rkv.config import TierConfig
-from rkv.errors import (
-    ConfigError,
-    InputError,
-    IntegrityError,
-    RecordMismatchError,
-    RkvError,
-    StoreError,
-)
-from rkv.moe.experts import ExpertWeights
 from rkv.placement.config import PlacementConfig
+from rkv.store.config import TierConfig
 from rkv.tiers import Tier
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class RkvExperts:
         ``backup_tier``: a second copy of every expert not placed there. ``usage``: expected
         use per ``(layer, id)``; the most used are placed highest. ``placement`` (a
         ``[placement]`` table or :class:`PlacementConfig`): plan each expert's tier, bits and
-        code instead (:mod:`rkv.adapters.moe_plan`; ``usage`` as loads per token, bits from
+        code instead (:mod:`rkv.moe.plan`; ``usage`` as loads per token, bits from
         ``profile``, an :class:`~rkv.moe.profile.ExpertProfile`, within ``kl_budget``;
         ``bits`` is then unused). ``TierFullError`` when the tiers cannot hold it all,
         ``InfeasiblePlanError`` when no plan meets the targets, ``StoreError`` when
@@ -456,7 +456,7 @@ class RkvExperts:
 
     def replan(self, placement: PlacementConfig | Mapping[str, Any] | None = None,
                profile: ExpertProfile | None = None, **kw: Any) -> ReplanReport:
-        """Re-place the experts from :meth:`usage` (:func:`rkv.adapters.moe_plan.replan`)."""
+        """Re-place the experts from :meth:`usage` (:func:`rkv.moe.plan.replan`)."""
         return replan(self, placement, profile, **kw)
 
     def settle(self) -> None:

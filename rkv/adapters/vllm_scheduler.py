@@ -21,8 +21,8 @@ from rkv.adapters.vllm_stats import Counters
 from rkv.errors import RkvError
 
 if TYPE_CHECKING:
-    from rkv.engine import Engine
-    from rkv.model import ModelSpec
+    from rkv.format.model import ModelSpec
+    from rkv.store.engine import Engine
 
 log = logging.getLogger("rkv.vllm")
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from rkv.config import EngineConfig
 from rkv.errors import ConfigError
-from rkv.model import KV_DTYPES, ModelSpec
+from rkv.format.model import KV_DTYPES, ModelSpec
+from rkv.store.config import EngineConfig
 
 #: What the store holds: ``[layers, 2, tokens, kv_heads, head_dim]``, keys after RoPE, as
 #: the model's attention layers wrote them into vLLM's paged cache.
@@ -53,7 +53,7 @@ class ConnectorSettings:
       a name from :data:`rkv.adapters.vllm_layout.LAYOUTS`.
     - ``salt``: any string, part of every key (a new salt is a new key space).
     - ``faults``: a list of ``{"tier", "model", "hours", "seed"}`` dicts: reads of that tier
-      go through :class:`rkv.faults.injection.FaultyTier` with errors drawn from the fault
+      go through :class:`rkv.eval.faults.injection.FaultyTier` with errors drawn from the fault
       model (a preset name or a dict for ``faultmodels.get_model``) for ``hours`` of age.
     - ``stats_file``: a JSON file the connector rewrites with its counters (the worker's;
       the scheduler's at ``<stats_file>.scheduler``).

@@ -30,12 +30,12 @@ from rkv.adapters.vllm_scheduler import ReqWork
 from rkv.adapters.vllm_settings import ConnectorSettings
 from rkv.adapters.vllm_stats import Counters
 from rkv.errors import ConfigError, RkvError
-from rkv.model import ModelSpec
-from rkv.results import CORRECTED, DEGRADED, MISSING, UNCORRECTABLE
+from rkv.format.model import ModelSpec
+from rkv.store.results import CORRECTED, DEGRADED, MISSING, UNCORRECTABLE
 
 if TYPE_CHECKING:
-    from rkv.engine import Engine
-    from rkv.streaming import LayerStream
+    from rkv.store.engine import Engine
+    from rkv.store.streaming import LayerStream
 
 log = logging.getLogger("rkv.vllm")
 
@@ -328,7 +328,7 @@ def _wrap_faults(engine: Engine, f: dict[str, Any]) -> Any:
     import numpy as np
 
     import faultmodels
-    from rkv.faults.injection import FaultyTier
+    from rkv.eval.faults.injection import FaultyTier
 
     model = faultmodels.get_model(f["model"])
     hours = float(f.get("hours", 1.0))

@@ -86,7 +86,7 @@ def normalize_erasures(erasures: Iterable[int] | None, size: int) -> npt.NDArray
 @dataclass(frozen=True)
 class Units:
     """How a code decodes ``data_bytes`` of data: what the analytic reliability model
-    (:mod:`rkv.faults.reliability`) needs, described by each codec so a new code plugs into
+    (:mod:`rkv.reliability.analytic`) needs, described by each codec so a new code plugs into
     predictions without a switch on codec ids.
 
     ``kind`` names the decoding family the model knows: ``"detect"`` (a check, no
@@ -183,7 +183,7 @@ class Codec(Configured, ABC):
 
     def spread_framing(self, data_bytes: int) -> bool:
         """Whether records of ``data_bytes`` coded this way should spread their framing
-        copies over sectors (record format v3, :func:`rkv.record.copy_offsets`): for codes
+        copies over sectors (record format v3, :func:`rkv.format.record.copy_offsets`): for codes
         that survive lost sectors in the payload, so the framing is not the weak part."""
         return False
 
@@ -260,7 +260,7 @@ class Codec(Configured, ABC):
         """True when encoding costs far more than reading the bytes (table-driven parity:
         RS, BCH), so blocks on several threads go faster even where one core already uses
         the memory bandwidth; False for checksums and SIMD parity (``shardrs``), which run
-        at memory speed (:func:`rkv.blockcodec.encode_blocks` keeps those on one thread)."""
+        at memory speed (:func:`rkv.codec.blockcodec.encode_blocks` keeps those on one thread)."""
         return False
 
     @property

@@ -60,7 +60,7 @@ from rkv.ecc.base import (
 from rkv.ecc.crc32c import crc32c
 from rkv.ecc.gf import gf256, gf256_inv, gf256_matmul, rs_check_matrix, rs_parity_matrix
 from rkv.errors import CorruptRecordError
-from rkv.record import SPREAD_AT
+from rkv.format.record import SPREAD_AT
 
 U64 = npt.NDArray[np.uint64]
 

@@ -328,8 +328,8 @@ def calibration_text(tokenizer: Any, n_windows: int = CAL_WINDOWS,
                      length: int = CAL_LENGTH) -> list[list[int]]:
     """Calibration windows: ``n_windows`` evenly spaced windows of the first
     ``40 * length * (n_windows + 1)`` characters of ``pydoc_data.topics`` (as
-    :func:`rkv.calibrate_measure.calibration_windows` cuts them)."""
-    from rkv.calibrate_measure import calibration_windows
+    :func:`rkv.eval.calibrate_measure.calibration_windows` cuts them)."""
+    from rkv.eval.calibrate_measure import calibration_windows
 
     return calibration_windows(tokenizer, n_windows, ("topics",), length)[0]
 
@@ -344,7 +344,7 @@ def heldout_text(tokenizer: Any, n_windows: int, length: int = CAL_LENGTH,
         text = "\n\n".join(topics[k] for k in sorted(topics))
         ids = list(tokenizer(text[40 * CAL_LENGTH * (CAL_WINDOWS + 1):]).input_ids)
     elif source == "docs":
-        from rkv.calibrate_measure import docs_files
+        from rkv.eval.calibrate_measure import docs_files
 
         ids = list(tokenizer("\n\n".join(p.read_text(encoding="utf-8")
                                          for p in docs_files())).input_ids)
@@ -364,7 +364,7 @@ def load_moe_smollm2(n_experts: int = 8, top_k: int = 2,
                      ) -> tuple[MoEModel, Any]:
     """(MoEModel, tokenizer) of SmolLM2-135M-Instruct, fitted on ``pydoc_data.topics``
     (cached; the first fit takes about a minute on 2 cores)."""
-    from rkv.quality import SMOLLM2_ID, load_smollm2
+    from rkv.eval.quality import SMOLLM2_ID, load_smollm2
 
     model, tok = load_smollm2(threads=threads)
     moe = MoEModel.build(model, n_experts, top_k, provider, cache_dir, tokenizer=tok,

@@ -1,6 +1,6 @@
 """Expert quality profile: the KL a MoE model's next-token distribution pays when one expert
 is stored at ``bits`` bits (``rowq``), per (layer, expert, bits); what the expert planner
-(:mod:`rkv.placement.experts`) trades against bytes and read time (docs/moe.md, "Per-expert
+(:mod:`rkv.moe.expert_plans`) trades against bytes and read time (docs/moe.md, "Per-expert
 bits and codes").
 
 Measuring every expert alone would take ``layers x experts x bits`` forwards. Instead, per
@@ -166,9 +166,9 @@ class ExpertProfile:
 def quantized(w: ExpertWeights, bits: int, dtype: str = "float16") -> ExpertWeights:
     """The weights an expert stored at ``bits`` (``rowq``, after a cast to ``dtype``) reads
     back as, in float32: the exact transform :class:`rkv.adapters.moe.RkvExperts` applies."""
-    from rkv.adapters.moe_store import pack, unpack
+    from rkv.format.tensors import numpy_dtype
+    from rkv.moe.store import pack, unpack
     from rkv.quant.rowq import RowQuantizer
-    from rkv.tensors import numpy_dtype
 
     dt = numpy_dtype(dtype)
     cast = ExpertWeights(w.gate.astype(dt), w.up.astype(dt), w.down.astype(dt))
@@ -319,7 +319,7 @@ def cached_profile(moe: MoEModel, windows: Sequence[Sequence[int]], cache_dir: s
 
 
 def shipped_path(experts: int, top_k: int) -> Path:
-    # A subdirectory: rkv/profiles/*.json are KV quality profiles (rkv.calibrate reads them).
+    # A subdirectory: rkv/profiles/*.json are KV quality profiles (rkv.eval.calibrate reads them).
     return Path(__file__).resolve().parent.parent / "profiles" / "moe" / (
         f"smollm2-135m-e{experts}k{top_k}.json")
 

@@ -7,7 +7,7 @@ per-load latency), a hit costs nothing. The cache is run by any registered evict
 (:func:`policies.make_policy`), either as one global cache or as one cache per layer (the
 budget split evenly in whole experts, as Mixtral-offloading does); Belady's MIN
 (:class:`policies.belady.Belady`) over the same sequence is the offline limit. The driver
-follows :func:`rkv.replay.simulate`: a hit is ``on_access(hit=True)``; a miss is
+follows :func:`rkv.eval.replay.simulate.simulate`: a hit is ``on_access(hit=True)``; a miss is
 ``on_access(hit=False, item)``, then ``victims(need, protected)`` (``protected``: the experts
 of the current layer already touched), ``on_remove(EVICTED)`` for each and ``on_insert``; when
 ``victims`` answers ``None`` the expert streams through uncached.
@@ -90,7 +90,7 @@ class Source:
 def source_tier(text: str) -> Source:
     """``dram``, ``cxl`` or ``nvme`` (rkv's default tiers' read bandwidth and latency) or
     ``NAME@GBPS/US``."""
-    from rkv.config import default_tiers
+    from rkv.store.config import default_tiers
 
     name, _, figures = str(text).partition("@")
     if figures:
@@ -107,7 +107,7 @@ def source_tier(text: str) -> Source:
 
 def budget_experts(text: str, trace: MoETrace) -> int:
     """A budget in whole experts: ``10%`` or ``0.1`` of all experts, or bytes (``4GiB``)."""
-    from rkv.replay import parse_capacity
+    from rkv.eval.replay.simulate import parse_capacity
 
     cap = parse_capacity(text)
     if cap.fraction is not None:

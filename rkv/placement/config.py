@@ -24,6 +24,7 @@ from rkv.checks import (
     one_of,
 )
 from rkv.errors import ConfigError
+from rkv.inputs import load_toml, read_text
 
 BITS_ALLOWED = (16, 8, 4, 2)
 DEFAULT_CODES = (
@@ -107,7 +108,7 @@ class PlacementConfig:
         if not self.codes or len(set(self.codes)) != len(self.codes):
             raise ConfigError(f"placement: codes must be a non-empty list of distinct codec "
                               f"specs, got {list(self.codes)!r}")
-        from rkv.blockcodec import codec_for
+        from rkv.codec.blockcodec import codec_for
 
         for spec in self.codes:
             if not isinstance(spec, str):
@@ -163,15 +164,11 @@ class PlacementConfig:
 
     @classmethod
     def from_toml(cls, text: str) -> PlacementConfig:
-        from rkv.config import parse_toml
-
-        return cls.from_dict(parse_toml(text, "placement: "))
+        return cls.from_dict(load_toml(text, "placement"))
 
     @classmethod
     def load(cls, path: str | Path) -> PlacementConfig:
-        from rkv.config import read_text
-
-        return cls.from_toml(read_text(path, "placement: "))
+        return cls.from_toml(read_text(path, "placement: config"))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {

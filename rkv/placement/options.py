@@ -88,7 +88,7 @@ class LRU(OrderedDict[Any, Any]):
 
 
 def _predict_job(args: tuple[str, int, dict[str, Any], float]) -> tuple[float, float, float]:
-    from rkv.faults.reliability import predict
+    from rkv.reliability.analytic import predict
 
     code, nbytes, params, hours = args
     p = predict(code, nbytes, resolve_model(params), hours)
@@ -116,7 +116,7 @@ class ReliabilityCache:
         key = (code, int(data_bytes), mkey or model_key(model), float(hours))
         hit = self._d.get(key)
         if hit is None:
-            from rkv.faults.reliability import predict
+            from rkv.reliability.analytic import predict
 
             p = predict(code, int(data_bytes), model, float(hours))
             hit = self._d[key] = (float(p.p_due), float(p.p_sdc), float(p.p_degraded))
@@ -191,7 +191,7 @@ def data_bytes(b: BlockInput, bits: int) -> int:
 
 @lru_cache(maxsize=4096)
 def _data_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, bits: int) -> int:
-    from rkv.blockcodec import quantizer_for
+    from rkv.codec.blockcodec import quantizer_for
 
     if dtype not in _ITEMSIZE:
         raise ConfigError(f"block: dtype must be one of {sorted(_ITEMSIZE)}, got {dtype!r}")
@@ -210,7 +210,7 @@ def record_bytes(b: BlockInput, bits: int, code: str) -> int:
 @lru_cache(maxsize=4096)
 def _record_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, bits: int,
                   code: str) -> int:
-    from rkv.pipeline import Pipeline
+    from rkv.codec.pipeline import Pipeline
 
     if kind == "kv":
         shape = (2, tokens, heads, dim)
@@ -268,7 +268,7 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
 @lru_cache(maxsize=256)
 def by_value(code: str) -> bool:
     """True for codes laid out by value (byte planes): only for unquantized blocks."""
-    from rkv.blockcodec import codec_for
+    from rkv.codec.blockcodec import codec_for
 
     c = codec_for(code)
     return c is not None and c.parts(1) is not None

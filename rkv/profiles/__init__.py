@@ -1,1 +1,1 @@
-"""Quality profiles shipped with rkv (JSON, one per model): see ``rkv.calibrate``."""
+"""Quality profiles shipped with rkv (JSON, one per model): see ``rkv.eval.calibrate``."""

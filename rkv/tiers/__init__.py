@@ -1,5 +1,5 @@
 """Storage tiers: byte stores of opaque records. Nothing here knows about codecs, models or
-policies (and nothing here imports :mod:`rkv.config`)."""
+policies (and nothing here imports :mod:`rkv.store.config`)."""
 
 from pathlib import Path
 

@@ -18,8 +18,8 @@ from rkv.errors import (
     StoreError,
     TierFullError,
 )
-from rkv.lmdbenv import SharedEnv, acquire, map_bytes_for, release, typed
 from rkv.tiers.base import Tier, TierSpec
+from rkv.tiers.lmdbenv import SharedEnv, acquire, map_bytes_for, release, typed
 from rkv.tiers.safe_read import MapFile
 
 _BLOCKS = b"blocks"
@@ -228,7 +228,7 @@ class LmdbTier(Tier):
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         """Delete records atomically; on a full disk (after giving up the reserve,
-        :mod:`rkv.reserve`) in batches of :data:`FULL_DISK_BATCH`, each atomic, every one
+        :mod:`rkv.tiers.reserve`) in batches of :data:`FULL_DISK_BATCH`, each atomic, every one
         reusing the pages the one before freed."""
         self.ensure_checked()
         self._refuse_if_damaged()

@@ -49,7 +49,7 @@ from rkv.errors import (
     TierFullError,
     TierUnavailableError,
 )
-from rkv.record_mac import MacKeys
+from rkv.format.record_mac import MacKeys
 from rkv.tiers.base import Tier, TierSpec
 from rkv.tiers.remote_config import RemoteSettings, mac_key, read_secret, redact_url
 

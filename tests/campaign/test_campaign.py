@@ -12,8 +12,8 @@ import pytest
 
 from rkv import ConfigError
 from rkv.cli import main
-from rkv.faults.campaign import CampaignConfig, replay_trial, run_campaign, wilson
-from rkv.faults.reliability import predict
+from rkv.eval.faults.campaign import CampaignConfig, replay_trial, run_campaign, wilson
+from rkv.reliability.analytic import predict
 
 # Small blocks keep each trial fast: 2 x 64 tokens x 1 head x 64 dims x fp16 = 16 KiB.
 SMALL = {"chunk_tokens": 64, "kv_heads": 1, "head_dim": 64}

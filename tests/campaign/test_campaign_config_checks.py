@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rkv.errors import ConfigError
-from rkv.faults.campaign import CampaignConfig
+from rkv.eval.faults.campaign import CampaignConfig
 
 
 @pytest.mark.parametrize(("field", "value", "needle"), [

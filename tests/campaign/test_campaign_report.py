@@ -12,8 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rkv.faults.campaign import CampaignConfig, Summary, format_summary, run_campaign, run_with_raw
-from rkv.faults.campaign_report import explain_agreement, format_report, verdict
+from rkv.eval.faults.campaign import (
+    CampaignConfig,
+    Summary,
+    format_summary,
+    run_campaign,
+    run_with_raw,
+)
+from rkv.eval.faults.campaign_report import explain_agreement, format_report, verdict
 from rkv.ui import human_bytes
 
 SMALL: dict[str, Any] = {"trials": 2, "blocks": 3}
@@ -47,7 +53,7 @@ def test_fault_model_named(nvme: tuple[Summary, Summary | None]) -> None:
             " the nvme tier's default") in text
     cfg = CampaignConfig(tier="cxl", fault_model={"preset": "cxl", "link_ber": 1e-6},
                          ber_multiplier=10, trials=1, blocks=1)
-    from rkv.faults.campaign_report import fault_model_text
+    from rkv.eval.faults.campaign_report import fault_model_text
     assert fault_model_text(cfg) == ("cxl (CXL type-3 memory expander, PCIe 5 / CXL 2.0 link); "
                                      "with link_ber=1e-06; every fault rate x 10 (accelerated)")
 
@@ -75,8 +81,8 @@ def test_direct_sampling_keeps_the_clean_row() -> None:
 def test_block_size_is_the_stored_blocks(kw: dict[str, object], size: str) -> None:
     """The summary's block size is what the store writes: the block's bytes after the
     quantizer (the old summary said 192 KiB for every dtype and bit-width)."""
-    from rkv.blockcodec import quantizer_for
-    from rkv.tensors import numpy_dtype
+    from rkv.codec.blockcodec import quantizer_for
+    from rkv.format.tensors import numpy_dtype
 
     cfg = CampaignConfig(tier="nvme", trials=1, blocks=1, **kw)  # type: ignore[arg-type]
     block = np.ones((2, cfg.chunk_tokens, cfg.kv_heads, cfg.head_dim), numpy_dtype(cfg.dtype))

@@ -12,9 +12,9 @@ from rkvtest import SMALL, local_config, random_kv
 
 from faultmodels import ErrorPattern
 from rkv import Engine, MediumError
-from rkv.faults.injection import FaultyTier
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.record import decode_record
+from rkv.eval.faults.injection import FaultyTier
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import decode_record
 
 TOKENS = list(range(16))
 
@@ -134,8 +134,8 @@ def test_campaign_compares_like_for_like() -> None:
     """The same faults: raw storage gets a failed read (DUE) for a poisoned line and wrong KV
     for a link error that escaped the CRC; rkv decodes the lines as erasures, corrects the
     link errors and recovers most blocks, never returning wrong data."""
-    from rkv.faults.campaign import CampaignConfig, run_campaign
-    from rkv.faults.validate import VARIANTS
+    from rkv.eval.faults.campaign import CampaignConfig, run_campaign
+    from rkv.eval.faults.validate import VARIANTS
 
     common = {"fault_model": VARIANTS["cxl words+rows"], "hours": 24.0, "trials": 6,
               "blocks": 10, "chunk_tokens": 64, "kv_heads": 1, "head_dim": 64,

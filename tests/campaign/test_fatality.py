@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import faultmodels
-from rkv.blockcodec import codec_for, encode_block, read_block
+from rkv.codec.blockcodec import codec_for, encode_block, read_block
 from rkv.errors import IntegrityError
-from rkv.faults.fatality import is_fatal, layout_for
-from rkv.record import RecordHeader, decode_record
+from rkv.format.record import RecordHeader, decode_record
+from rkv.reliability.fatality import is_fatal, layout_for
 
 SHAPE = (2, 64, 2, 64)          # 32 KiB of float16: several codewords, shards and chunks
 

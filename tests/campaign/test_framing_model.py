@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 import faultmodels
-from rkv.faults.fatality import judge, layout_for
-from rkv.faults.importance import Sampler, TiltPlan
-from rkv.faults.importance_framing import FramingPlant
-from rkv.faults.importance_plan import auto_plan
-from rkv.faults.reliability import _log_copies_ok
+from rkv.eval.faults.importance import Sampler, TiltPlan
+from rkv.eval.faults.importance_framing import FramingPlant
+from rkv.eval.faults.importance_plan import auto_plan
+from rkv.reliability.analytic import _log_copies_ok
+from rkv.reliability.fatality import judge, layout_for
 
 
 def _chain_loss(nbits: int, p: float) -> float:
@@ -159,7 +159,7 @@ def test_lse_strata_fatality_against_plain_sampling() -> None:
     """With clusters 8 sectors wide, one lost sector often brings neighbours into the record:
     P(fatal | one event) summed over the strata (`fatality._one_event_strata`, what predict
     uses) against judging 1,500 of the model's own draws, two-sided."""
-    from rkv.faults.fatality import _one_event_strata
+    from rkv.reliability.fatality import _one_event_strata
 
     m = _cluster_model(8)
     lay = layout_for("shardrs(k=16,m=2)", 196608)

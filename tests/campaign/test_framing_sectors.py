@@ -11,7 +11,7 @@ the copies (copy 1 a sector after copy 0): no two sectors are fatal.
 Every single sector and every pair is erased (zero-filled and reported, as the medium
 reports a lost sector) at two alignments (the record at a sector boundary, and 16 bytes in,
 as in an LMDB overflow page), decoded by ``decode_record`` + ``read_block``, and compared
-with :func:`rkv.faults.fatality.judge` on the same pattern: the model must say exactly what
+with :func:`rkv.reliability.fatality.judge` on the same pattern: the model must say exactly what
 the decoder does.
 """
 
@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 from faultmodels.pattern import ErrorPattern
-from rkv.blockcodec import encode_block, read_block
+from rkv.codec.blockcodec import encode_block, read_block
 from rkv.ecc.shardrs import ShardRSCodec
 from rkv.errors import IntegrityError
-from rkv.faults.fatality import Layout, judge, layout_for
-from rkv.record import RecordHeader, decode_record, encode_record
+from rkv.format.record import RecordHeader, decode_record, encode_record
+from rkv.reliability.fatality import Layout, judge, layout_for
 
 SECTOR = 4096
 
@@ -154,7 +154,7 @@ def test_framing_bit_patterns_model_equals_decoder(spread: bool, exhaustive: boo
     count)."""
     rec, data, lay = record_of((2, 128, 2, 64), spread=spread)
     hlen = lay.hlen
-    from rkv.record import copy_offsets
+    from rkv.format.record import copy_offsets
 
     pre, heads = copy_offsets(hlen, len(rec), spread)
     pre_bits = [8 * o + i for o in pre for i in range(64)]

@@ -15,11 +15,11 @@ import faultmodels
 from faultmodels._dist import binom_tail
 from faultmodels.base import ErrorPattern, EventRate, poisson_class
 from rkv import ConfigError
-from rkv.faults.campaign import CampaignConfig, replay_trial, run_campaign
-from rkv.faults.fatality import layout_for
-from rkv.faults.importance import Sampler, TiltPlan, estimate
-from rkv.faults.importance_plan import auto_plan
-from rkv.faults.importance_shard import ShardPlant
+from rkv.eval.faults.campaign import CampaignConfig, replay_trial, run_campaign
+from rkv.eval.faults.importance import Sampler, TiltPlan, estimate
+from rkv.eval.faults.importance_plan import auto_plan
+from rkv.eval.faults.importance_shard import ShardPlant
+from rkv.reliability.fatality import layout_for
 
 SMALL: dict[str, Any] = {"chunk_tokens": 64, "kv_heads": 1, "head_dim": 64}
 

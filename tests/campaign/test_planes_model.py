@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from rkv.faults.campaign import CampaignConfig, run_campaign
-from rkv.faults.validate import z_score
+from rkv.eval.faults.campaign import CampaignConfig, run_campaign
+from rkv.eval.faults.validate import z_score
 
 BLOCK = {"chunk_tokens": 64, "kv_heads": 2, "head_dim": 32}     # 16 KiB of float16
 

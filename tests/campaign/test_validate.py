@@ -17,8 +17,8 @@ import pytest
 
 from rkv.cli import main
 from rkv.errors import ConfigError
-from rkv.faults import validate
-from rkv.faults.validate import (
+from rkv.eval.faults import validate
+from rkv.eval.faults.validate import (
     CELLS,
     MIN_POWER,
     MIN_SPREAD,
@@ -31,7 +31,7 @@ from rkv.faults.validate import (
     verdict,
     z_score,
 )
-from rkv.faults.validate_power import (
+from rkv.eval.faults.validate_power import (
     BinomialTest,
     alternatives,
     band_pvalues,

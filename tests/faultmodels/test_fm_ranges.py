@@ -118,7 +118,7 @@ def test_clustering_makes_multi_sector_losses_and_none_without_it() -> None:
 def test_unclustered_block_loss_is_half_the_preset_under_no_code() -> None:
     # With the checksum alone any lost sector loses the block: clustering 0.5 doubles the
     # NVMe loss rate (the field rate's primaries plus as many neighbours).
-    from rkv.faults.reliability import predict
+    from rkv.reliability.analytic import predict
 
     p0 = predict("none", BLOCK, nand(cluster_p=0.0), 24.0).p_due
     p5 = predict("none", BLOCK, nand(), 24.0).p_due

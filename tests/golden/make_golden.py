@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rkv.record import RecordHeader, encode_array_record
-from rkv.tensors import numpy_dtype
+from rkv.format.record import RecordHeader, encode_array_record
+from rkv.format.tensors import numpy_dtype
 
 HERE = Path(__file__).parent
 #: Format v1 records (no write time), written by the first release; this build reads them
@@ -53,7 +53,7 @@ def case_header(name: str, dtype: str, shape: tuple[int, ...], layer: int) -> Re
 
 def v3_record(name: str) -> bytes:
     """The v3 case's record, as this build writes it."""
-    from rkv.blockcodec import encode_block
+    from rkv.codec.blockcodec import encode_block
     from rkv.ecc import get_codec
 
     dtype, shape, layer = V3_CASES[name]

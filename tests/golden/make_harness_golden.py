@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rkv.faults.campaign import CampaignConfig, run_campaign
+from rkv.eval.faults.campaign import CampaignConfig, run_campaign
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "campaign_harness.json"

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import faultmodels as fm
-from rkv.faults.reliability import predict
+from rkv.reliability.analytic import predict
 
 HERE = Path(__file__).parent
 OUT = HERE / "faultmodels_latent0.json"

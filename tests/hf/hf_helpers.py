@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rkv import Engine
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.model import ModelSpec
-from rkv.record import decode_record
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.model import ModelSpec
+from rkv.format.record import decode_record
 
 
 def tiny(layers: int = 2, dtype: Any = None, **config: Any) -> Any:

@@ -7,8 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from rkv.clicmds.quality import quality_settings
-from rkv.quality import RkvRoundTrip, attention_error, cast_to, raw_flips, raw_model_faults, snr_db
+from rkv.cli.quality import quality_settings
+from rkv.eval.quality import (
+    RkvRoundTrip,
+    attention_error,
+    cast_to,
+    raw_flips,
+    raw_model_faults,
+    snr_db,
+)
 
 
 def test_snr() -> None:

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from rkv import Engine  # noqa: E402
 from rkv.adapters.hf import HFPrefixCache  # noqa: E402
-from rkv.quality import (  # noqa: E402
+from rkv.eval.quality import (  # noqa: E402
     RkvRoundTrip,
     cast_to,
     evaluate,

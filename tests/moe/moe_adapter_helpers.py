@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from rkv.adapters.moe_store import pack, unpack
-from rkv.config import TierConfig
 from rkv.moe.experts import ExpertWeights
+from rkv.moe.store import pack, unpack
 from rkv.quant import RowQuantizer
+from rkv.store.config import TierConfig
 
 
 def make_layers(n_layers: int, n_experts: int, n: int, d: int, dtype: type = np.float16,

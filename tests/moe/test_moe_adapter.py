@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 from moe_adapter_helpers import assert_same, make_layers, tiers
 
-import rkv.decisions
+import rkv.store.decisions
 from policies import make_admission, make_policy, make_prefetch
-from rkv.adapters import moe_cache
 from rkv.adapters.moe import ApproximateExpert, RkvExperts
-from rkv.adapters.moe_store import expert_key, model_fingerprint, pack
 from rkv.errors import (
     ConfigError,
     CorruptStoreError,
@@ -23,9 +21,11 @@ from rkv.errors import (
     StoreError,
     TierFullError,
 )
+from rkv.format.record import decode_record
+from rkv.moe import cache as moe_cache
 from rkv.moe.experts import ExpertProvider, ResidentExperts
+from rkv.moe.store import expert_key, model_fingerprint, pack
 from rkv.quant import RowQuantizer
-from rkv.record import decode_record
 
 
 @pytest.mark.parametrize(("n", "d", "dtype"), [(5, 8, np.float16), (6, 7, np.float32),
@@ -76,8 +76,8 @@ def test_record_layout(tmp_path: Path) -> None:
 
 
 def test_same_policy_classes_as_the_engine(tmp_path: Path) -> None:
-    assert moe_cache.make_policy is rkv.decisions.make_policy
-    assert moe_cache.make_admission is rkv.decisions.make_admission
+    assert moe_cache.make_policy is rkv.store.decisions.make_policy
+    assert moe_cache.make_admission is rkv.store.decisions.make_admission
     layers = make_layers(2, 3, 4, 8, np.float16)
     with RkvExperts.create(tmp_path / "s", layers, fingerprint="m", tiers=tiers(),
                            device_budget_bytes=10**6, eviction="s3fifo(small=0.2)",

@@ -15,10 +15,10 @@ from moe_adapter_helpers import assert_same, low_bit, make_layers, tiers
 
 from faultmodels import ErrorPattern
 from rkv.adapters.moe import ApproximateExpert, ExpertLoadError, RkvExperts
-from rkv.config import TierConfig
 from rkv.errors import ChecksumError, MissingRecordError
-from rkv.faults.injection import FaultyTier
-from rkv.record import framing_sizes
+from rkv.eval.faults.injection import FaultyTier
+from rkv.format.record import framing_sizes
+from rkv.store.config import TierConfig
 
 LAYERS = make_layers(2, 3, 5, 8, np.float16, seed=7)
 
@@ -28,7 +28,7 @@ def flips(nbytes: int, bits: list[int]) -> ErrorPattern:
 
 
 def payload_start(p: RkvExperts, tier: str, key: bytes) -> int:
-    from rkv.record import decode_record
+    from rkv.format.record import decode_record
 
     rec = p.tiers[tier].get(key)
     assert rec is not None

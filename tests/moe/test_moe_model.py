@@ -302,8 +302,8 @@ def test_balanced_kmeans_groups_coactivated_neurons() -> None:
 @pytest.mark.slow
 def test_smollm2_moe(tmp_path: Path) -> None:
     """SmolLM2-135M, E = 8: k = E is the dense model; fit then cached (about 2 minutes)."""
+    from rkv.eval.quality import load_smollm2
     from rkv.moe.model import heldout_text, load_moe_smollm2
-    from rkv.quality import load_smollm2
 
     dense, tok = load_smollm2(threads=2)
     ids = heldout_text(tok, 1, 64)[0]

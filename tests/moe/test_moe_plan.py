@@ -1,5 +1,5 @@
-"""Per-expert placement: the planner (rkv.placement.experts), the expert quality profile
-(rkv.moe.profile) and the adapter's planned stores and re-placement (rkv.adapters.moe_plan)."""
+"""Per-expert placement: the planner (rkv.moe.expert_plans), the expert quality profile
+(rkv.moe.profile) and the adapter's planned stores and re-placement (rkv.moe.plan)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from moe_adapter_helpers import assert_same, make_layers
 
 from rkv.adapters.moe import RkvExperts
-from rkv.adapters.moe_store import pack, read_manifest, tier_key
-from rkv.config import TierConfig
 from rkv.errors import ConfigError, InputError
+from rkv.moe.expert_plans import ExpertInput, plan_experts
 from rkv.moe.profile import ExpertProfile, quantized
+from rkv.moe.store import pack, read_manifest, tier_key
 from rkv.placement import InfeasiblePlanError, TierInput
-from rkv.placement.experts import ExpertInput, plan_experts
 from rkv.quant import RowQuantizer
+from rkv.store.config import TierConfig
 
 N, D = 32, 64                   # neurons and d_model of the synthetic experts
 CODES = ("none", "rs(255,239)", "rs(255,223)")

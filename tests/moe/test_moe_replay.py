@@ -148,7 +148,7 @@ def test_matrix_adds_the_references_and_the_gap(tmp_path: Path) -> None:
 # -- the same classes as the engine ----------------------------------------------------------------
 def test_replay_uses_the_shared_policy_classes() -> None:
     from policies import lru, registry
-    from rkv.adapters import moe_cache
+    from rkv.moe import cache as moe_cache
 
     assert vars(moe_cache)["make_policy"] is policies.make_policy is registry.make_policy
     pols = R._policies("lru", [1, 2], 10, [])

@@ -1,4 +1,4 @@
-"""``rkv moe run`` (rkv.moe.run) on a tiny random Llama-style model: experts streamed from an
+"""``rkv moe run`` (rkv.cli.moe_run) on a tiny random Llama-style model: experts streamed from an
 rkv store generate exactly the tokens resident experts do (any budget, 16 bits); CLI errors
 exit 2 with a message; a damaged expert record is corrected, or served from the low-bit copy
 and flagged, never silently wrong."""
@@ -23,12 +23,12 @@ from test_moe_model import VOCAB, calib, tiny_model  # noqa: E402
 
 from faultmodels import ErrorPattern  # noqa: E402
 from rkv.cli import main  # noqa: E402
-from rkv.config import TierConfig  # noqa: E402
+from rkv.cli import moe_run as runmod  # noqa: E402
 from rkv.errors import ConfigError, StoreError  # noqa: E402
-from rkv.faults.injection import FaultyTier  # noqa: E402
-from rkv.moe import run as runmod  # noqa: E402
+from rkv.eval.faults.injection import FaultyTier  # noqa: E402
 from rkv.moe.experts import ResidentExperts  # noqa: E402
 from rkv.moe.model import MoEModel  # noqa: E402
+from rkv.store.config import TierConfig  # noqa: E402
 
 PROMPT = [5, 17, 3, 88, 42, 42, 7, 0, 63, 11]
 N = 12

@@ -215,7 +215,7 @@ def test_random_routes_round_trip(tmp_path_factory: pytest.TempPathFactory,
 # -- the CLI -----------------------------------------------------------------------------
 def test_cli_parses_moe_trace(capsys: pytest.CaptureFixture[str]) -> None:
     from rkv.cli import main
-    from rkv.moe.cli import trace_cmd
+    from rkv.cli.moe import trace_cmd
 
     ctx = trace_cmd.make_context("trace", ["--experts", "8", "--top-k", "2", "--topics", "3",
                                            "--out", "x.jsonl"])

@@ -14,8 +14,8 @@ import pytest
 from rkvtest import random_kv
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.faults.injection import FaultyTier
-from rkv.faults.planned import (
+from rkv.eval.faults.injection import FaultyTier
+from rkv.eval.faults.planned import (
     BlockPrediction,
     compare,
     count_interval,
@@ -154,8 +154,8 @@ def test_campaign_on_a_planned_store(tmp_path: Path) -> None:
     the checksum alone at 2 and at 16 bits gives 16-bit blocks a code); injected at BER 3e-5:
     the checksum-only blocks are lost, the RS blocks corrected, every block classified
     (reads go on past a failed chunk)."""
-    from rkv.placement.engine_plans import EnginePlacement
     from rkv.placement.options import DEFAULT_CACHE, data_bytes, resolve_model
+    from rkv.store.plans import EnginePlacement
 
     kl = {f"{layer}:{kind}:{b}": (0.05 if layer < 2 else 0.0001) * 16 / b
           for layer in range(4) for kind in "kv" for b in (8, 4, 2)}

@@ -12,10 +12,10 @@ import pytest
 from rkvtest import random_kv
 
 from rkv import ConfigError, Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.blockcodec import header_stages
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.codec.blockcodec import header_stages
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import decode_record
 from rkv.placement import InfeasiblePlanError
-from rkv.record import decode_record
 
 SPEC = ModelSpec("test/placed", n_layers=4, n_kv_heads=2, head_dim=16, dtype="float16")
 CODES = ["none", "rs(255,247)", "rs(255,223)"]

@@ -11,7 +11,7 @@ from rkvtest import random_kv
 from policies import Item, Reason
 from rkv import ConfigError, Engine, EngineConfig, ModelSpec, TierConfig
 from rkv.placement import PlacementConfig, TierInput
-from rkv.placement.engine_plans import EnginePlacement, snap_hours, snap_reuse
+from rkv.store.plans import EnginePlacement, snap_hours, snap_reuse
 
 SPEC = ModelSpec("test/estimated", n_layers=4, n_kv_heads=2, head_dim=16, dtype="float16")
 CODES = ["none", "rs(255,247)", "rs(255,223)"]
@@ -154,15 +154,15 @@ def test_engine_feeds_the_estimator(tmp_path: Path) -> None:
                 e.put(prompt, kv, model=SPEC)
                 for _ in range(2):
                     assert e.get(prompt, model=SPEC).ok
-            p = e._placement
+            p = e.core.placement
             assert p is not None
             got = e.stats()["session"]["estimates"]
             if not on:
                 assert got == {"on": False, "config": [24.0, 1.0]}
-                assert e._decide.estimator is None
+                assert e.core.decisions.estimator is None
                 continue
             est = p.estimator
-            assert est is not None and e._decide.estimator is est
+            assert est is not None and e.core.decisions.estimator is est
             d = est.estimate("dram", 0)
             assert d is not None and d.weight >= 32
             # Filling bias: every read so far (of the 44 chunks) over 40 departures.

@@ -12,11 +12,11 @@ import numpy as np
 from rkvtest import random_kv
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.blockcodec import header_stages, quantizer_for
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.placement.demotion import worst_path_kl
+from rkv.codec.blockcodec import header_stages, quantizer_for
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import decode_record
+from rkv.store.demotion import worst_path_kl
 from rkv.placement.profile import QualityProfile
-from rkv.record import decode_record
 
 SPEC = ModelSpec("test/lossy", n_layers=4, n_kv_heads=2, head_dim=16, dtype="float16")
 KL4 = 0.01        # per K or V of every layer at 4 bits: 0.02 a block, 0.08 a chunk
@@ -45,8 +45,8 @@ def blocks(e: Engine, tokens: list[int]) -> list[tuple[str, int, str]]:
     """(tier, bits, code) of every block of ``tokens``' chunks, from the records."""
     out = []
     for key in chunk_keys(as_token_array(tokens), SPEC.fingerprint(), 16):
-        with e._index.env.read() as txn:
-            meta = e._index.get_chunk(txn, key)
+        with e.core.index.env.read() as txn:
+            meta = e.core.index.get_chunk(txn, key)
         assert meta is not None
         for layer, (tier, size) in enumerate(meta.blocks):
             rec = e.tiers[tier].get(block_key(key, layer))
@@ -149,11 +149,11 @@ def test_the_budget_covers_the_whole_stored_sequence(tmp_path: Path) -> None:
         assert bits.count(4) == 4
         prof = QualityProfile.load(profile(tmp_path))
         keys = chunk_keys(as_token_array(tokens), SPEC.fingerprint(), 16)
-        with e._index.env.read() as txn:
-            metas = [e._index.get_chunk(txn, k) for k in keys]
+        with e.core.index.env.read() as txn:
+            metas = [e.core.index.get_chunk(txn, k) for k in keys]
             assert all(m is not None for m in metas)
             for k, m in zip(keys, metas, strict=True):
-                total = worst_path_kl(e._index, txn, k, m, prof)  # type: ignore[arg-type]
+                total = worst_path_kl(e.core.index, txn, k, m, prof)  # type: ignore[arg-type]
                 assert total is not None and abs(total - 0.08) < 1e-12 and total <= budget
         assert e.get(tokens, model=SPEC).ok
 
@@ -164,7 +164,7 @@ def test_unknown_bits_are_never_requantized(tmp_path: Path) -> None:
     kv = random_kv(SPEC, 16)
     with Engine.open(tmp_path / "s", config(tmp_path, 0.0, True)) as e:
         e.put(FIRST, kv, model=SPEC)
-        ix = e._index
+        ix = e.core.index
         [key] = chunk_keys(as_token_array(FIRST), SPEC.fingerprint(), 16)
         with ix.env.read() as txn:
             meta = ix.get_chunk(txn, key)

@@ -12,11 +12,11 @@ import pytest
 from rkvtest import random_kv
 
 from rkv import CorruptStoreError, Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.blockcodec import header_stages
-from rkv.index import ChunkMeta, pipe_label
-from rkv.keys import block_key
-from rkv.record import decode_record
-from rkv.storemix import mix_key, pipeline_label
+from rkv.codec.blockcodec import header_stages
+from rkv.format.keys import block_key
+from rkv.format.record import decode_record
+from rkv.store.index import ChunkMeta, pipe_label
+from rkv.store.storemix import mix_key, pipeline_label
 
 SPEC = ModelSpec("test/placed", n_layers=4, n_kv_heads=2, head_dim=16, dtype="float16")
 CODES = ["none", "rs(255,247)", "rs(255,223)"]
@@ -45,8 +45,8 @@ def config(tmp_path: Path, caps: tuple[int, int] = (1 << 30, 1 << 30),
 def from_records(e: Engine) -> dict[str, dict[str, list[int]]]:
     """The mix as the records' own headers tell it: tier -> key -> [blocks, bytes]."""
     out: dict[str, dict[str, list[int]]] = {}
-    with e._index.env.read() as txn:
-        entries = [m for _, m in e._index.chunks(txn)]
+    with e.core.index.env.read() as txn:
+        entries = [m for _, m in e.core.index.chunks(txn)]
     for meta in entries:
         assert meta is not None
         for layer, (tier, size) in enumerate(meta.blocks):
@@ -63,8 +63,8 @@ def from_records(e: Engine) -> dict[str, dict[str, list[int]]]:
 
 
 def _keys(e: Engine) -> list[tuple[bytes, ChunkMeta | None]]:
-    with e._index.env.read() as txn:
-        return list(e._index.chunks(txn))
+    with e.core.index.env.read() as txn:
+        return list(e.core.index.chunks(txn))
 
 
 def shown(e: Engine) -> dict[str, dict[str, list[int]]]:
@@ -84,8 +84,8 @@ def test_mixed_plan_put_shows_the_planned_mix(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "s", cfg) as e:
         e.put(tokens, random_kv(SPEC, 48), model=SPEC)
         # The plan the engine made for the put, per block.
-        assert e._placement is not None
-        plan = e._placement.put_plan(SPEC, [16, 16, 16], 3, "dram")
+        assert e.core.placement is not None
+        plan = e.core.placement.put_plan(SPEC, [16, 16, 16], 3, "dram")
         planned = Counter(mix_key(pipeline_label(p)) for chunk in plan for p in chunk)
         mix = shown(e)
         assert {k: v[0] for k, v in mix["dram"].items()} == dict(planned)
@@ -124,7 +124,7 @@ def test_entries_without_labels_load_and_count_as_unknown(tmp_path: Path) -> Non
     kv = random_kv(SPEC, 16)
     with Engine.open(tmp_path / "s", cfg) as e:
         e.put(tokens, kv, model=SPEC)
-        ix = e._index
+        ix = e.core.index
         [(key, meta)] = _keys(e)
         assert meta is not None and all(meta.pipes)
         old = json.loads(meta.to_json())
@@ -174,7 +174,7 @@ def test_hostile_label_in_a_store_is_contained(tmp_path: Path) -> None:
     cfg = config(tmp_path, bits=[16])
     with Engine.open(tmp_path / "s", cfg) as e:
         e.put(list(range(16)), random_kv(SPEC, 16), model=SPEC)
-        ix = e._index
+        ix = e.core.index
         [(key, meta)] = _keys(e)
         assert meta is not None
         bad = json.loads(meta.to_json())

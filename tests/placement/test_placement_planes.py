@@ -11,13 +11,13 @@ import numpy as np
 from rkvtest import random_kv
 
 from rkv import EngineConfig, ModelSpec, TierConfig
-from rkv.blockcodec import header_stages
-from rkv.engine import Engine
-from rkv.faults.reliability import predict
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.codec.blockcodec import header_stages
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record import decode_record
 from rkv.placement import BlockInput, PlacementConfig, Planner, ReliabilityCache, TierInput
 from rkv.placement.options import data_bytes, record_bytes
-from rkv.record import decode_record
+from rkv.reliability.analytic import predict
+from rkv.store.engine import Engine
 
 PLANES = "planes(high=rs(255,223),low=none)"
 CODES = ("none", "rs(255,239)", "rs(255,223)", PLANES)

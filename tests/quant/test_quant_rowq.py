@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rkv.blockcodec import encode_block, read_block
+from rkv.codec.blockcodec import encode_block, read_block
 from rkv.errors import ConfigError, CorruptRecordError, ShapeError
+from rkv.format.record import RecordHeader, decode_record
 from rkv.quant import NoneQuantizer, RowQuantizer, available_quantizers, get_quantizer
-from rkv.record import RecordHeader, decode_record
 
 DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 
@@ -91,7 +91,7 @@ def test_smaller_than_raw_and_sizes() -> None:
 
 
 def test_through_a_record_with_ecc() -> None:
-    from rkv.blockcodec import codec_for
+    from rkv.codec.blockcodec import codec_for
 
     x = _block((2, 6, 1, 40), "float16", 3)
     q = RowQuantizer(4)

@@ -18,8 +18,8 @@ from rkvtest import SMALL, random_kv
 
 from rkv import Engine
 from rkv.errors import AuthenticationError, ConfigError
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.record_mac import MacKeys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record_mac import MacKeys
 from rkv.tiers import TierSpec, open_tier
 from rkv.tiers.redis_tier import RedisTier
 from rkv.tiers.remote_config import RemoteSettings

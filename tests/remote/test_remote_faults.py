@@ -19,8 +19,8 @@ from rkvtest import SMALL, random_kv
 
 from rkv import Engine, EngineConfig, ModelSpec
 from rkv.errors import TierUnavailableError, TruncatedRecordError
-from rkv.faults.injection import FaultyTier
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.eval.faults.injection import FaultyTier
+from rkv.format.keys import as_token_array, block_key, chunk_keys
 
 TOKENS = list(range(64))
 BIG = ModelSpec("test/big", n_layers=4, n_kv_heads=8, head_dim=128, dtype="float16")
@@ -145,12 +145,12 @@ def test_mget_window_with_server_restart(tmp_path: Path, own_redis: RedisServer)
 @pytest.mark.parametrize("protection", ["rs(255,239)", "none"])
 def test_small_campaign_against_the_remote_tier(redis_server: RedisServer,
                                                 protection: str) -> None:
-    """The campaign's own trials (rkv.faults.bench) with the harness's tier on Redis: link
+    """The campaign's own trials (rkv.eval.faults.bench) with the harness's tier on Redis: link
     and media faults drawn from a fault model, injected at the tier boundary, read back
     through the real read path. No silent corruption."""
-    from rkv.faults.bench import _Bench
-    from rkv.faults.campaign import CampaignConfig
-    from rkv.faults.harness import Harness
+    from rkv.eval.faults.bench import _Bench
+    from rkv.eval.faults.campaign import CampaignConfig
+    from rkv.eval.faults.harness import Harness
 
     cfg = CampaignConfig(tier="nvme", protection=protection, trials=6, blocks=4,
                          chunk_tokens=32, kv_heads=2, head_dim=16, hours=1.0,

@@ -10,7 +10,7 @@ import numpy as np
 from redis_server import RedisServer
 
 from rkv.adapters.moe import RkvExperts
-from rkv.config import TierConfig
+from rkv.store.config import TierConfig
 from rkv.tiers.redis_tier import RedisTier
 from tests.moe.moe_adapter_helpers import assert_same, make_layers
 

@@ -21,8 +21,8 @@ from rkvtest import SMALL, random_kv
 
 from rkv import Engine
 from rkv.errors import AuthenticationError, TierUnavailableError
-from rkv.keys import as_token_array, block_key, chunk_keys
-from rkv.record_mac import MAC_BYTES, MAGIC
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.format.record_mac import MAC_BYTES, MAGIC
 from rkv.tiers.redis_tier import RedisTier
 
 TOKS = list(range(48))          # 3 chunks of 16 tokens
@@ -56,7 +56,7 @@ def remote(e: Engine) -> RedisTier:
 def fake_envelope(record: bytes) -> bytes:
     """A well-formed envelope (magic, current version, HMAC-SHA256, key id "k1") around a
     genuine record, with a MAC its writer could not compute (it has no key)."""
-    from rkv.record_mac import VERSION
+    from rkv.format.record_mac import VERSION
 
     return MAGIC + bytes([VERSION, 2, 2, 0]) + b"k1" + os.urandom(MAC_BYTES) + record
 

@@ -16,7 +16,7 @@ from rkvtest import SMALL, random_kv
 
 from rkv import Engine, EngineConfig
 from rkv.errors import StaleRecordError
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.tiers.redis_tier import RedisTier
 
 NODE = textwrap.dedent("""

@@ -23,7 +23,7 @@ from rkvtest import SMALL, random_kv
 
 from rkv import Engine, EngineConfig, TierConfig
 from rkv.errors import ConfigError, StoreError, TierUnavailableError
-from rkv.keys import as_token_array, block_key, chunk_keys
+from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.tiers import TierSpec, open_tier
 from rkv.tiers.redis_tier import RedisTier
 from rkv.tiers.remote_config import RemoteSettings
@@ -280,7 +280,7 @@ def test_missing_server_fails_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_peek_header() -> None:
     from rkv.errors import CorruptRecordError, TruncatedRecordError
-    from rkv.record import RecordHeader, encode_array_record, peek_header
+    from rkv.format.record import RecordHeader, encode_array_record, peek_header
 
     block = random_kv(SMALL, 16, seed=9)[1]
     h = RecordHeader(key=bytes(range(32)), layer=1, fingerprint=SMALL.fingerprint(),

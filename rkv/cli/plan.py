@@ -1,0 +1,84 @@
+"""``rkv plan``: the plan placement makes for a put, explained (per block: tier, bits, code,
+predicted P(DUE) and P(SDC), bytes, expected cost, and why), without writing anything."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rkv.cli.common import IN_FILE, OUT_FILE, call, check_writable, command, load_engine_config
+from rkv.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@command("plan")
+@click.option("--model", default="smollm2-135m",
+              help="'smollm2-135m', or a JSON file with a ModelSpec")
+@click.option("--tokens", type=click.IntRange(min=1, max=1 << 20), default=1024,
+              help="tokens in the put (at most 1 Mi: a plan is linear in them, about 90 s "
+                   "for 1 Mi)")
+@click.option("--config", type=IN_FILE, default=None,
+              help="engine config TOML with a [placement] table  [default: the default tiers "
+                   "and placement defaults]")
+@click.option("--tier", default=None,
+              help="the tier the chunks go to  [default: the first tier]")
+@click.option("--rows", type=click.IntRange(min=0), default=60,
+              help="table rows to print (0: all)")
+@click.option("--json", "json", type=OUT_FILE, default=None,
+              help="also write the plan to this file")
+def plan_cmd(**kw: Any) -> int:
+    """Print the placement plan of a put without writing anything: per block its tier, bits
+    and code, predicted P(DUE) and P(SDC), bytes, expected cost, and why
+    (docs/placement.md)."""
+    return call(cmd_plan, **kw)
+
+
+def _model(name: str) -> Any:
+    from rkv.format.model import ModelSpec
+
+    if name == "smollm2-135m":
+        from rkv.eval.calibrate import smollm2_spec
+
+        return smollm2_spec()
+    path = Path(name)
+    if not path.exists():
+        raise ConfigError(f"--model: no model {name!r} (use 'smollm2-135m' or a JSON file "
+                          "with a ModelSpec)")
+    from rkv.inputs import read_json
+
+    doc = read_json(path, "--model")
+    try:
+        return ModelSpec.from_dict(doc)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"--model {name}: not a model spec: {exc}") from exc
+
+
+def cmd_plan(args: Any) -> int:
+    from rkv.placement.config import PlacementConfig
+    from rkv.store.config import EngineConfig
+    from rkv.store.plans import EnginePlacement
+
+    check_writable(args.json, "--json")
+    cfg = load_engine_config(args.config) if args.config else EngineConfig()
+    spec = _model(args.model)
+    tier = args.tier or cfg.tiers[0].name
+    cfg.tier(tier)
+    placement = EnginePlacement(PlacementConfig.from_dict(cfg.placement), cfg.tiers)
+    n = cfg.chunk_tokens
+    tokens = [min(n, args.tokens - s) for s in range(0, args.tokens, n)]
+    planner = placement.planner(spec)
+    plan = planner.plan(placement.blocks(spec, tokens, len(tokens)),
+                        [placement.tier_input(tier)])
+    log.info("plan: %d blocks for %d tokens on tier %s", len(plan.blocks), args.tokens, tier)
+    print(f"plan: {spec.model_id}, {args.tokens} tokens in {len(tokens)} chunk(s) of {n}, "
+          f"tier {tier} ({cfg.tier(tier).fault_model}), {len(plan.blocks)} blocks; "
+          f"profile: {planner.profile.model if planner.profile else 'none (16 bits only)'}")
+    print(plan.table(None if args.rows == 0 else args.rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(plan.to_dict(), indent=2, default=str))
+    return 0

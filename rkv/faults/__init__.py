@@ -1,1 +1,0 @@
-"""Fault injection and reliability: injecting tiers, analytic predictions, campaigns."""
