@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig  # noqa: E402
-from rkv.codec.blockcodec import header_stages  # noqa: E402
+from rkv.codec.stages import header_stages  # noqa: E402
 from rkv.format.keys import as_token_array, block_key, chunk_keys  # noqa: E402
 from rkv.format.record import decode_record  # noqa: E402
 from rkv.placement import Planner  # noqa: E402

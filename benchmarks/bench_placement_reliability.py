@@ -120,7 +120,7 @@ def replace_ecc(tier: TierConfig, code: str) -> TierConfig:
 def _short(spec_str: str) -> str:
     """A record's codec spec as the candidate list spells it."""
     for c in DEFAULT_CODES:
-        from rkv.codec.blockcodec import codec_for
+        from rkv.codec.stages import codec_for
 
         cod = codec_for(c)
         if (cod is None and spec_str == "none") or (cod is not None and cod.spec == spec_str):

@@ -16,14 +16,13 @@ from rkv.codec.blockcodec import (
     BlockToRead,
     RecordArena,
     _encode_data,
-    codec_for,
     compute_bound,
     encode_block,
     encode_blocks,
-    quantizer_for,
     read_block,
     read_blocks,
 )
+from rkv.codec.stages import codec_for, quantizer_for
 from rkv.errors import IntegrityError
 from rkv.format.record import RecordHeader, decode_record
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rkvtest import SMALL, local_config, random_kv
 
 from rkv import ConfigError, Engine, EngineConfig, ModelSpec, UnknownFormatError
-from rkv.codec.blockcodec import header_codec
+from rkv.codec.stages import header_codec
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.record import decode_record, encode_record
 

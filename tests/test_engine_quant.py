@@ -10,7 +10,7 @@ import pytest
 from rkvtest import local_config, random_kv
 
 from rkv import ConfigError, Engine, EngineConfig, ModelSpec
-from rkv.codec.blockcodec import header_stages
+from rkv.codec.stages import header_stages
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.record import decode_record
 

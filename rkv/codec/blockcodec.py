@@ -12,19 +12,19 @@ is reported as an error, never returned.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from functools import lru_cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from rkv.buffers import as_u8
+from rkv.codec.pipeline import Pipeline
+from rkv.codec.stages import header_stages
 from rkv.errors import (
     ChecksumError,
-    ConfigError,
     CorruptRecordError,
     IntegrityError,
     UncorrectableError,
@@ -41,72 +41,9 @@ from rkv.format.record import (
 from rkv.format.tensors import numpy_dtype
 from rkv.parallel import pmap, pmap_strict
 
-# Quantizer configs and ECC configs share the record's codec list: the quantizer comes first
-# (array -> bytes), the ECC second (bytes -> bytes).
-
 if TYPE_CHECKING:
     from rkv.ecc.base import Codec
     from rkv.quant import Quantizer
-
-NO_ECC = "none"
-
-
-@lru_cache(maxsize=64)
-def codec_for(spec: str) -> Codec | None:
-    """The codec for a tier's ``ecc`` spec; None for ``"none"`` (raw payload)."""
-    if spec.strip().lower() == NO_ECC:
-        return None
-    from rkv.ecc import get_codec
-
-    return get_codec(spec)
-
-
-@lru_cache(maxsize=64)
-def quantizer_for(spec: str) -> Quantizer | None:
-    """The quantizer for a tier's ``quant`` spec; None for ``"none"`` (values as stored)."""
-    if spec.strip().lower() in (NO_ECC, "fp16", "16"):
-        return None
-    from rkv.quant import get_quantizer
-
-    q = get_quantizer(spec)
-    return None if q.bits >= 16 else q
-
-
-@lru_cache(maxsize=256)
-def _stage_from_json(text: str) -> tuple[str, Any]:
-    cfg = json.loads(text)
-    cid = str(cfg.get("id", ""))
-    try:
-        from rkv.ecc import available_codecs, get_codec
-
-        if cid in available_codecs():
-            return "ecc", get_codec(cfg)
-        from rkv.quant import get_quantizer
-
-        return "quant", get_quantizer(cfg)
-    except (ConfigError, ImportError) as exc:
-        raise UnknownFormatError(f"record uses a codec this build cannot decode: {exc}") from exc
-
-
-def header_stages(header: RecordHeader) -> tuple[Quantizer | None, Codec | None]:
-    """(quantizer, ECC) a record was written with: at most one of each, quantizer first."""
-    quant: Any = None
-    ecc: Any = None
-    for i, cfg in enumerate(header.codecs):
-        kind, stage = _stage_from_json(json.dumps(cfg, sort_keys=True))
-        if kind == "quant" and i == 0 and quant is None:
-            quant = stage
-        elif kind == "ecc" and ecc is None:
-            ecc = stage
-        else:
-            raise UnknownFormatError(f"record codec list {list(header.codecs)} is not valid")
-    return quant, ecc
-
-
-def header_codec(header: RecordHeader) -> Codec | None:
-    """The ECC a record was written with (None: raw payload)."""
-    return header_stages(header)[1]
-
 
 def _configs(quant: Quantizer | None, codec: Codec | None) -> tuple[dict[str, Any], ...]:
     return tuple(s.get_config() for s in (quant, codec) if s is not None)
@@ -116,8 +53,6 @@ def record_size(header: RecordHeader, nbytes: int, codec: Codec | None,
                 quant: Quantizer | None = None) -> int:
     """Bytes of the record :func:`encode_block` makes for a block of ``nbytes``
     (:class:`rkv.codec.pipeline.Pipeline` computes it)."""
-    from rkv.codec.pipeline import Pipeline
-
     p = Pipeline(quant, codec)
     if quant is not None:
         return p.record_bytes(header.shape, header.dtype)

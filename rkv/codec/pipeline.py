@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rkv.codec.stages import codec_for, quantizer_for
 from rkv.format.record import PRELUDE_BYTES, RecordHeader, framing_sizes
 from rkv.format.tensors import numpy_dtype
 
@@ -116,8 +117,6 @@ class Pipeline:
 
 @lru_cache(maxsize=256)
 def _parse(quant: str, ecc: str) -> Pipeline:
-    from rkv.codec.blockcodec import codec_for, quantizer_for
-
     return Pipeline(quantizer_for(quant), codec_for(ecc))
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from rkv.ecc import _gfcore
+import rkv.ecc._gfcore as _gfcore
 from rkv.ecc._lfsr import lfsr_parity
 from rkv.ecc.base import (
     CORRECTED,

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rkv.ecc import _gfcore, _rsfix
+import rkv.ecc._gfcore as _gfcore
+import rkv.ecc._rsfix as _rsfix
 from rkv.ecc._lfsr import lfsr_parity
 from rkv.ecc.base import (
     CORRECTED,

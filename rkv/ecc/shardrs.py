@@ -40,7 +40,8 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from rkv.ecc import _gfcore, _shard
+import rkv.ecc._gfcore as _gfcore
+import rkv.ecc._shard as _shard
 from rkv.ecc.base import (
     CORRECTED,
     U8,

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
-from rkv.codec.blockcodec import encode_block, header_stages, read_block, reencode
+from rkv.codec.blockcodec import encode_block, read_block, reencode
 from rkv.codec.pipeline import Pipeline
+from rkv.codec.stages import header_stages
 from rkv.errors import (
     ConfigError,
     CorruptStoreError,

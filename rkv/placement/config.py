@@ -108,7 +108,7 @@ class PlacementConfig:
         if not self.codes or len(set(self.codes)) != len(self.codes):
             raise ConfigError(f"placement: codes must be a non-empty list of distinct codec "
                               f"specs, got {list(self.codes)!r}")
-        from rkv.codec.blockcodec import codec_for
+        from rkv.codec.stages import codec_for
 
         for spec in self.codes:
             if not isinstance(spec, str):

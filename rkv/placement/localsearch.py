@@ -5,16 +5,28 @@ limits)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:
-    from rkv.placement.solver import _Fast
-
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+
+
+class Tables(Protocol):
+    """The solver's sorted tables a local search reads (:class:`rkv.placement.solver._Fast`):
+    per option its cost, resource use, tier and bytes; the limits; the best cost so far."""
+
+    rows: I64
+    offsets: I64
+    cost: F64
+    res: F64
+    flat_res: F64
+    tier: I64
+    nbytes: F64
+    lim: F64
+    best_cost: float
 
 REL_TOL = 1e-9
 _PAIR_CANDIDATES = 160
@@ -25,14 +37,14 @@ def limit_ok(usage: F64, limit: F64) -> npt.NDArray[np.bool_]:
     return usage <= limit * (1 + REL_TOL) + 1e-12
 
 
-def _deltas(f: _Fast, choice: I64) -> tuple[F64, F64]:
+def _deltas(f: Tables, choice: I64) -> tuple[F64, F64]:
     cur_c = f.cost[f.rows, choice]
     dc = f.cost - cur_c[:, None]
     dr = f.res - f.res[:, f.rows, choice][:, :, None]
     return dc, dr
 
 
-def repair(f: _Fast, choice: I64) -> I64 | None:
+def repair(f: Tables, choice: I64) -> I64 | None:
     """Greedy: move blocks to options that cut the violated resources at the least cost per
     unit cut, never pushing another resource over its limit. A block's moves depend only on
     its own choice, so on puts of more than 64 blocks each round ranks every block's best
@@ -73,7 +85,7 @@ def repair(f: _Fast, choice: I64) -> I64 | None:
     return None
 
 
-def improve(f: _Fast, choice: I64, *, pairs: bool) -> I64:
+def improve(f: Tables, choice: I64, *, pairs: bool) -> I64:
     choice = choice.copy()
     for _ in range(8):
         changed = _one_opt(f, choice)
@@ -84,7 +96,7 @@ def improve(f: _Fast, choice: I64, *, pairs: bool) -> I64:
     return choice
 
 
-def _one_opt(f: _Fast, choice: I64) -> bool:
+def _one_opt(f: Tables, choice: I64) -> bool:
     """Single moves that save cost within the slack, largest saving first (one per block)."""
     flat = f.offsets + choice
     usage = f.flat_res[:, flat].sum(axis=1)
@@ -140,7 +152,7 @@ def _one_opt(f: _Fast, choice: I64) -> bool:
     return True
 
 
-def _two_opt(f: _Fast, choice: I64) -> bool:
+def _two_opt(f: Tables, choice: I64) -> bool:
     """One improving pair of moves in two different blocks whose sum fits the slack."""
     usage = f.res[:, f.rows, choice].sum(axis=1)
     slack = f.lim * (1 + REL_TOL) + 1e-12 - usage

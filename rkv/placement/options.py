@@ -191,7 +191,7 @@ def data_bytes(b: BlockInput, bits: int) -> int:
 
 @lru_cache(maxsize=4096)
 def _data_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, bits: int) -> int:
-    from rkv.codec.blockcodec import quantizer_for
+    from rkv.codec.stages import quantizer_for
 
     if dtype not in _ITEMSIZE:
         raise ConfigError(f"block: dtype must be one of {sorted(_ITEMSIZE)}, got {dtype!r}")
@@ -268,7 +268,7 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
 @lru_cache(maxsize=256)
 def by_value(code: str) -> bool:
     """True for codes laid out by value (byte planes): only for unquantized blocks."""
-    from rkv.codec.blockcodec import codec_for
+    from rkv.codec.stages import codec_for
 
     c = codec_for(code)
     return c is not None and c.parts(1) is not None

@@ -65,8 +65,8 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+import rkv.quant._kernels as _kernels
 from rkv.errors import ConfigError, CorruptRecordError, ShapeError
-from rkv.quant import _kernels
 from rkv.quant.base import (
     CLEAN,
     CORRECTED,

@@ -39,15 +39,15 @@ from typing import Any
 
 import numpy as np
 
-from rkv.codec.blockcodec import codec_for
 from rkv.codec.pipeline import Pipeline
 from rkv.ecc.base import Part, Units
 from rkv.errors import ConfigError
 from rkv.format.record import PRELUDE_BYTES
+from rkv.reliability.fatality import class_judgements, layout_for
+from rkv.reliability.protection import Protection, as_pipeline, geometry
 
 #: Collision probability of the end-to-end checksum (xxh3_128) for a wrong block.
 CHECKSUM_MISS = 2.0 ** -128
-RAW = "raw"
 
 
 @dataclass(frozen=True)
@@ -97,32 +97,6 @@ def _log_unit_ok(symbols: int, q: float, t: int) -> float:
     lt = _log_binom_tail(symbols, q, t)
     fail = math.exp(lt) if lt > -700 else 0.0
     return _log1m(fail)
-
-
-Protection = str | Pipeline
-
-
-def as_pipeline(protection: Protection) -> Pipeline | None:
-    """The pipeline a protection names (``None`` for ``raw``: no record at all). A string
-    is a codec spec (``"none"``: the end-to-end checksum alone)."""
-    if isinstance(protection, Pipeline):
-        return protection
-    if protection == RAW:
-        return None
-    return Pipeline(None, codec_for(protection))
-
-
-def geometry(protection: Protection, data_bytes: int) -> Units:
-    """The decoding units of ``protection`` over ``data_bytes`` (the data after any
-    quantizer): the codec describes them (:meth:`rkv.ecc.base.Codec.units`); ``raw`` and
-    ``none`` have no code of their own."""
-    pipe = as_pipeline(protection)
-    if pipe is None:
-        return Units("raw", 1, data_bytes, 0, 8, data_bytes)
-    codec = pipe.codec
-    if codec is None:
-        return Units("detect", 1, data_bytes, 0, 8, data_bytes)
-    return codec.units(data_bytes)
 
 
 def _shard_fail(g: _Geometry, p_bit: float) -> float:
@@ -237,8 +211,6 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
     else:
         # The record's real framing (the payload is 64-byte aligned, so the header copies
         # are not simply a third of what is not payload).
-        from rkv.reliability.fatality import layout_for
-
         lay = layout_for(protection, data_bytes)
         record, payload, header_copy = lay.record, lay.payload, lay.hlen
     p_error = float(model.p_any_error(record, hours))
@@ -264,8 +236,6 @@ def predict(protection: Protection, data_bytes: int, model: Any, hours: float, *
         # Clustered classes: judged by their own footprint distribution against the record's
         # layout (rkv.reliability.fatality), so strides that alias with interleaving, several
         # sectors in one record and damage that spares the data bytes all count as they are.
-        from rkv.reliability.fatality import class_judgements
-
         for o in class_judgements(model, protection, data_bytes, hours,
                                   stratified=exact_counts):
             rate, p_fire, fatal = o.rate, o.p_fire, o.fatal
@@ -307,8 +277,6 @@ def _predict_parts(pipe: Pipeline, parts: tuple[Part, ...], data_bytes: int, mod
     (:func:`rkv.reliability.fatality.judge`), so an event that spans two parts fails both at once.
     The read fails when the header or a strict part fails; it is degraded when only tolerant
     parts fail."""
-    from rkv.reliability.fatality import class_judgements, layout_for
-
     lay = layout_for(pipe, data_bytes)
     record = lay.record
     p_error = float(model.p_any_error(record, hours))

@@ -42,6 +42,7 @@ import numpy as np
 
 from rkv.codec.pipeline import Pipeline
 from rkv.format.record import copy_offsets
+from rkv.reliability.protection import as_pipeline, geometry
 
 PRELUDE = 8
 #: Patterns drawn per clustered event class.
@@ -68,9 +69,7 @@ class Layout:
 
 def layout_for(protection: Any, data_bytes: int) -> Layout:
     """The record's framing (from the record format) and the code's units (from
-    :func:`rkv.reliability.analytic.geometry`, the one place a codec spec is interpreted)."""
-    from rkv.reliability.analytic import as_pipeline, geometry
-
+    :func:`rkv.reliability.protection.geometry`, the one place a codec spec is interpreted)."""
     pipe = as_pipeline(protection) or Pipeline()
     record = pipe.record_bytes_for(data_bytes)
     payload = pipe.codec.encoded_size(data_bytes) if pipe.codec is not None else data_bytes

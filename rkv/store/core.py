@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from rkv.codec.blockcodec import RecordArena, codec_for, quantizer_for
+from rkv.codec.blockcodec import RecordArena
 from rkv.codec.pipeline import Pipeline
+from rkv.codec.stages import codec_for, quantizer_for
 from rkv.errors import ReadOnlyStoreError, StoreClosedError
 from rkv.format.keys import as_token_array, chunk_keys
 from rkv.format.model import ModelSpec, as_model_spec

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from rkv.codec.blockcodec import encode_block, header_stages, read_block, reencode
+from rkv.codec.blockcodec import encode_block, read_block, reencode
 from rkv.codec.pipeline import Pipeline
+from rkv.codec.stages import header_stages
 from rkv.errors import ConfigError, IntegrityError
 from rkv.format.record import DecodedRecord, decode_record
 from rkv.format.tensors import numpy_dtype

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from policies.base import Reason
-from rkv.codec.blockcodec import header_stages
+from rkv.codec.stages import header_stages
 from rkv.errors import (
     AuthenticationError,
     CorruptStoreError,

@@ -15,7 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rkv.codec.blockcodec import header_stages, reencode
+from rkv.codec.blockcodec import reencode
+from rkv.codec.stages import header_stages
 from rkv.errors import (
     ConfigError,
     CorruptStoreError,

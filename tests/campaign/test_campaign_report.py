@@ -81,7 +81,7 @@ def test_direct_sampling_keeps_the_clean_row() -> None:
 def test_block_size_is_the_stored_blocks(kw: dict[str, object], size: str) -> None:
     """The summary's block size is what the store writes: the block's bytes after the
     quantizer (the old summary said 192 KiB for every dtype and bit-width)."""
-    from rkv.codec.blockcodec import quantizer_for
+    from rkv.codec.stages import quantizer_for
     from rkv.format.tensors import numpy_dtype
 
     cfg = CampaignConfig(tier="nvme", trials=1, blocks=1, **kw)  # type: ignore[arg-type]

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import faultmodels
-from rkv.codec.blockcodec import codec_for, encode_block, read_block
+from rkv.codec.blockcodec import encode_block, read_block
+from rkv.codec.stages import codec_for
 from rkv.errors import IntegrityError
 from rkv.format.record import RecordHeader, decode_record
 from rkv.reliability.fatality import is_fatal, layout_for

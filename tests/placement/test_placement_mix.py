@@ -12,7 +12,7 @@ import pytest
 from rkvtest import random_kv
 
 from rkv import CorruptStoreError, Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.codec.blockcodec import header_stages
+from rkv.codec.stages import header_stages
 from rkv.format.keys import block_key
 from rkv.format.record import decode_record
 from rkv.store.index import ChunkMeta, pipe_label

@@ -11,7 +11,7 @@ import numpy as np
 from rkvtest import random_kv
 
 from rkv import EngineConfig, ModelSpec, TierConfig
-from rkv.codec.blockcodec import header_stages
+from rkv.codec.stages import header_stages
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.record import decode_record
 from rkv.placement import BlockInput, PlacementConfig, Planner, ReliabilityCache, TierInput

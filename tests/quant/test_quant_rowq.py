@@ -91,7 +91,7 @@ def test_smaller_than_raw_and_sizes() -> None:
 
 
 def test_through_a_record_with_ecc() -> None:
-    from rkv.codec.blockcodec import codec_for
+    from rkv.codec.stages import codec_for
 
     x = _block((2, 6, 1, 40), "float16", 3)
     q = RowQuantizer(4)

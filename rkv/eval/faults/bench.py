@@ -21,7 +21,7 @@ import numpy as np
 from rkv.eval.faults.harness import OUTCOMES, Harness
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.tensors import numpy_dtype
-from rkv.reliability.analytic import RAW
+from rkv.reliability.protection import RAW
 
 if TYPE_CHECKING:
     from rkv.eval.faults.campaign import CampaignConfig

@@ -43,7 +43,8 @@ from rkv.checks import as_float, as_int, as_str, as_table, check_keys, one_of
 from rkv.errors import ConfigError
 from rkv.eval.faults.bench import OUTCOMES, TrialResult, _Bench, _worker
 from rkv.format.model import ModelSpec
-from rkv.reliability.analytic import RAW, Prediction, predict
+from rkv.reliability.analytic import Prediction, predict
+from rkv.reliability.protection import RAW
 from rkv.store.config import TierConfig, default_tiers
 from rkv.ui.progress import Progress
 
@@ -172,7 +173,7 @@ class CampaignConfig:
         """Bytes of one block's data as stored (after quantization, before any ECC)."""
         shape = (2, self.chunk_tokens, self.kv_heads, self.head_dim)
         if self.bits < 16:
-            from rkv.codec.blockcodec import quantizer_for
+            from rkv.codec.stages import quantizer_for
 
             q = quantizer_for(self.quant_spec())
             assert q is not None

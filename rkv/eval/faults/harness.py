@@ -101,7 +101,7 @@ class Harness:
     def __init__(self, root: Path, tier: TierConfig, *, chunk_tokens: int = 256,
                  raw: bool = False, seed: int = 0,
                  placement: Mapping[str, Any] | None = None) -> None:
-        from rkv.codec.blockcodec import quantizer_for
+        from rkv.codec.stages import quantizer_for
 
         self.root = Path(root)
         self.chunk_tokens = chunk_tokens

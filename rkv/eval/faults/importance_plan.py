@@ -14,8 +14,8 @@ from faultmodels.base import EventClass
 from rkv.eval.faults.importance import ALPHA, TiltPlan, _is_bit_class
 from rkv.eval.faults.importance_shard import ShardPlant
 from rkv.format.record import copy_offsets
-from rkv.reliability.analytic import RAW
 from rkv.reliability.fatality import class_fatality, fatal_at_count, judge, layout_for
+from rkv.reliability.protection import RAW
 
 #: The share of planted framing patterns that are two bits (harmless, if the decoder tries
 #: every copy: the campaign checks it).

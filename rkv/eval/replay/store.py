@@ -50,7 +50,8 @@ def _block_kv(block: Hashable, spec: ModelSpec, n: int) -> np.ndarray:
 
 def chunk_record_bytes(spec: ModelSpec = REPLAY_MODEL, n: int = REPLAY_CHUNK_TOKENS) -> int:
     """Bytes one full chunk takes in a tier without ECC or quantization."""
-    from rkv.codec.blockcodec import codec_for, record_size
+    from rkv.codec.blockcodec import record_size
+    from rkv.codec.stages import codec_for
     from rkv.format.record import RecordHeader
 
     header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),

@@ -79,7 +79,7 @@ def engine_config(cell: Mapping[str, Any], root: Path) -> EngineConfig:
 def stored_classes(engine: Any, spec: ModelSpec, tokens: list[int], chunk_tokens: int
                    ) -> Counter[tuple[int, str]]:
     """(bits, code spec) of every stored block of ``tokens``, as its record header says."""
-    from rkv.codec.blockcodec import header_stages
+    from rkv.codec.stages import header_stages
     from rkv.format.keys import as_token_array, block_key, chunk_keys
     from rkv.format.record import decode_record
 
