@@ -47,8 +47,8 @@ import faultmodels
 from faultmodels import ErrorPattern
 from rkv.eval.faults.campaign import CampaignConfig, run_campaign, wilson
 from rkv.eval.faults.harness import Harness
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.keys import as_token_array, block_key, chunk_keys
-from rkv.format.tensors import numpy_dtype
 from rkv.reliability.schedule import p_due, refresh_age
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

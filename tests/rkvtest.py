@@ -42,7 +42,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def random_kv(spec: ModelSpec, n: int, seed: int = 0) -> np.ndarray:
-    from rkv.format.tensors import numpy_dtype
+    from rkv.format.dtypes import numpy_dtype
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((spec.n_layers, 2, n, spec.n_kv_heads, spec.head_dim))

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from rkv.codec.blockcodec import encode_block
 from rkv.codec.pipeline import Pipeline
 from rkv.ecc import get_codec
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import RecordHeader, decode_record
-from rkv.format.tensors import numpy_dtype
 
 QUANTS = ["none", "fp16", "16", "kivi(bits=8)", "kivi(bits=4)", "kivi(bits=2)"]
 ECCS = ["none", "rs(255,239)", "rs(255,223,interleave=8)", "bch(m=13,t=8)",

@@ -16,6 +16,7 @@ from rkv.errors import (
     TruncatedRecordError,
     UnknownFormatError,
 )
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import (
     RecordHeader,
     data_checksum,
@@ -23,7 +24,6 @@ from rkv.format.record import (
     encode_array_record,
     encode_record,
 )
-from rkv.format.tensors import numpy_dtype
 
 GOLDEN = Path(__file__).parent / "golden"
 KEY = bytes(range(32))

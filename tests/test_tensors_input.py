@@ -10,7 +10,8 @@ import pytest
 from rkvtest import SMALL, local_config, random_kv
 
 from rkv import Engine, InputError, ModelSpec, ShapeError
-from rkv.format.tensors import as_kv_array, numpy_dtype
+from rkv.format.dtypes import numpy_dtype
+from rkv.format.tensors import as_kv_array
 
 N = 10
 

@@ -22,6 +22,7 @@ from rkv.cli.common import (
 )
 from rkv.cli.overtime import time_options
 from rkv.errors import ConfigError
+from rkv.format.dtypes import NAMES
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ _OVERRIDES = ("tier", "protection", "hours", "trials", "blocks", "seed", "worker
               help="KV heads of the block shape" + _d("kv_heads"))
 @click.option("--head-dim", type=click.IntRange(min=1), default=None,
               help="head dimension of the block shape" + _d("head_dim"))
-@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default=None,
+@click.option("--dtype", type=click.Choice(NAMES), default=None,
               help="KV dtype" + _d("dtype"))
 @click.option("--bits", type=click.Choice(["16", "8", "4", "2"]), default=None,
               help="quantize blocks to this many bits (KIVI) before protecting them"

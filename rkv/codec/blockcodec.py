@@ -30,6 +30,7 @@ from rkv.errors import (
     UncorrectableError,
     UnknownFormatError,
 )
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import (
     DecodedRecord,
     RecordHeader,
@@ -38,7 +39,6 @@ from rkv.format.record import (
     encode_record,
     encode_split_record,
 )
-from rkv.format.tensors import numpy_dtype
 from rkv.parallel import pmap, pmap_strict
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.model import ModelSpec
 from rkv.format.record import (
     FORMAT_VERSION,
@@ -27,7 +28,6 @@ from rkv.format.record import (
     RecordHeader,
     payload_offset,
 )
-from rkv.format.tensors import numpy_dtype
 
 _P2 = 2 * PRELUDE_BYTES
 _PROBE = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16), shape=(2, 1, 1, 1),

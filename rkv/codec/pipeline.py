@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rkv.codec.stages import codec_for, quantizer_for
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import PRELUDE_BYTES, RecordHeader, framing_sizes
-from rkv.format.tensors import numpy_dtype
 
 if TYPE_CHECKING:
     from rkv.ecc.base import Codec

@@ -217,7 +217,7 @@ def raw_flips(ber: float, seed: int = 0) -> KVTransform:
 
 def cast_to(dtype: str) -> KVTransform:
     """Store the KV in another float dtype (e.g. fp32 cache stored as fp16)."""
-    from rkv.format.tensors import numpy_dtype
+    from rkv.format.dtypes import numpy_dtype
 
     def transform(kv: np.ndarray, tokens: list[int]) -> tuple[np.ndarray, dict[str, int]]:
         return kv.astype(numpy_dtype(dtype)).astype(kv.dtype), {}

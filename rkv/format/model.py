@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rkv.errors import ConfigError
+from rkv.format.dtypes import NAMES
 
-#: dtypes a KV tensor may have, by canonical name.
-KV_DTYPES = ("float16", "bfloat16", "float32")
+#: dtypes a KV tensor may have, by canonical name (the table: :mod:`rkv.format.dtypes`).
+KV_DTYPES = NAMES
 FINGERPRINT_BYTES = 16
 
 

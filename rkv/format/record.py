@@ -54,8 +54,9 @@ from rkv.errors import (
     TruncatedRecordError,
     UnknownFormatError,
 )
+from rkv.format.dtypes import BY_CODE, DTYPES
 from rkv.format.keys import KEY_BYTES
-from rkv.format.model import FINGERPRINT_BYTES, KV_DTYPES
+from rkv.format.model import FINGERPRINT_BYTES
 
 MAGIC = b"RKVB"
 FORMAT_VERSION = 2
@@ -76,9 +77,6 @@ FIXED_BYTES = PRELUDE_BYTES * PRELUDE_COPIES
 PAYLOAD_ALIGN = 64
 CHECKSUM_ALG = "xxh3_128"
 _CHECKSUM_CODES = {1: CHECKSUM_ALG}
-_DTYPE_CODES = {1: "float16", 2: "bfloat16", 3: "float32"}
-_DTYPE_IDS = {v: k for k, v in _DTYPE_CODES.items()}
-assert set(_DTYPE_IDS) == set(KV_DTYPES)
 _BODY_V1 = struct.Struct("<32s16sHBB4IQQB16sH")
 _BODY = struct.Struct("<32s16sHBB4IQQB16sQH")
 _BODIES = {1: _BODY_V1, 2: _BODY, 3: _BODY}
@@ -120,7 +118,7 @@ class RecordHeader:
         if (len(self.key) != KEY_BYTES or len(self.fingerprint) != FINGERPRINT_BYTES
                 or len(self.checksum) != 16):
             raise InputError("record key, fingerprint and checksum have fixed sizes")
-        if not 0 <= self.layer <= 0xFFFF or self.dtype not in _DTYPE_IDS:
+        if not 0 <= self.layer <= 0xFFFF or self.dtype not in DTYPES:
             raise InputError(f"bad layer {self.layer} or dtype {self.dtype!r}")
         if len(self.shape) != 4 or min(self.shape) < 0 or max(self.shape) > 0xFFFFFFFF:
             raise InputError(f"bad block shape {self.shape}")
@@ -140,7 +138,7 @@ class RecordHeader:
         codecs = (json.dumps(list(self.codecs), sort_keys=True, separators=(",", ":")).encode()
                   if self.codecs else b"")
         return _BODY.pack(
-            self.key, self.fingerprint, self.layer, _DTYPE_IDS[self.dtype], len(self.shape),
+            self.key, self.fingerprint, self.layer, DTYPES[self.dtype].code, len(self.shape),
             *self.shape, self.data_len, self.payload_len, 1, self.checksum,
             self.written_ns or 0, len(codecs),
         ) + codecs
@@ -159,9 +157,10 @@ class RecordHeader:
             fields = (*fields[:-1], 0, fields[-1])
         (key, fp, layer, dtype_id, ndim, s0, s1, s2, s3, data_len, payload_len, alg,
          checksum, written, clen) = fields
-        dtype = _DTYPE_CODES.get(dtype_id)
-        if dtype is None:
+        known = BY_CODE.get(dtype_id)
+        if known is None:
             raise CorruptRecordError(f"unknown dtype code {dtype_id}")
+        dtype = known.name
         if alg not in _CHECKSUM_CODES:
             raise UnknownFormatError(f"unknown checksum algorithm code {alg}")
         if ndim != 4 or s0 != 2:
@@ -307,7 +306,7 @@ def encode_array_record(header: RecordHeader, data: np.ndarray,
               if header.codecs else b"")
     body = bytearray(_BODY.pack(
         header.key, header.fingerprint, header.layer if layer is None else layer,
-        _DTYPE_IDS[header.dtype],
+        DTYPES[header.dtype].code,
         len(header.shape), *header.shape, nbytes, nbytes, 1, bytes(16),
         header.written_ns or 0, len(codecs)) + codecs)
     hlen = len(body) + HEADER_CHECK_BYTES

@@ -9,21 +9,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from rkv.errors import ShapeError
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.model import ModelSpec
-
-_NP_DTYPES: dict[str, np.dtype[Any]] = {
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-}
-
-
-def numpy_dtype(name: str) -> np.dtype[Any]:
-    return _NP_DTYPES[name]
 
 
 def _is_torch(x: Any) -> bool:
@@ -57,7 +47,7 @@ def _torch_to_numpy(t: Any, spec: ModelSpec, want: tuple[int, ...]) -> np.ndarra
             t = t.cpu()
         if t.dtype == torch.bfloat16:
             bits = t.contiguous().view(torch.int16).numpy()
-            return bits.view(ml_dtypes.bfloat16)  # type: ignore[no-any-return]
+            return bits.view(numpy_dtype("bfloat16"))  # type: ignore[no-any-return]
         return t.numpy()  # type: ignore[no-any-return]
     except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
         raise ShapeError(f"kv tensor cannot be read as a CPU array: {exc}") from exc
@@ -75,7 +65,7 @@ def as_kv_array(kv: Any, spec: ModelSpec, n_tokens: int) -> np.ndarray:
         arr = _torch_to_numpy(kv, spec, want)
     elif isinstance(kv, np.ndarray) and not isinstance(kv, np.ma.MaskedArray):
         arr = kv
-        name = spec.dtype if arr.dtype == _NP_DTYPES[spec.dtype] else str(arr.dtype)
+        name = spec.dtype if arr.dtype == numpy_dtype(spec.dtype) else str(arr.dtype)
         _check(arr.shape, name, want, spec)
     else:
         raise ShapeError(f"kv must be a numpy array or torch tensor, got {type(kv).__name__}")

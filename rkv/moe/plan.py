@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.base import Reason
 from rkv.errors import ConfigError, InputError, IntegrityError, TierFullError
-from rkv.format.tensors import numpy_dtype
+from rkv.format.dtypes import numpy_dtype
 from rkv.moe.expert_plans import ExpertInput, ExpertPlan, plan_experts
 from rkv.moe.experts import ExpertWeights
 from rkv.moe.store import (

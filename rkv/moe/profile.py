@@ -166,7 +166,7 @@ class ExpertProfile:
 def quantized(w: ExpertWeights, bits: int, dtype: str = "float16") -> ExpertWeights:
     """The weights an expert stored at ``bits`` (``rowq``, after a cast to ``dtype``) reads
     back as, in float32: the exact transform :class:`rkv.adapters.moe.RkvExperts` applies."""
-    from rkv.format.tensors import numpy_dtype
+    from rkv.format.dtypes import numpy_dtype
     from rkv.moe.store import pack, unpack
     from rkv.quant.rowq import RowQuantizer
 

@@ -45,9 +45,9 @@ from rkv.errors import (
     TierFullError,
     UncorrectableError,
 )
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.keys import block_key
 from rkv.format.record import RecordHeader, decode_record
-from rkv.format.tensors import numpy_dtype
 from rkv.moe.experts import ExpertWeights
 from rkv.store.config import TierConfig, default_tiers
 from rkv.tiers import Tier, TierSpec, open_tier

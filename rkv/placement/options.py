@@ -21,12 +21,12 @@ import numpy as np
 import numpy.typing as npt
 
 from rkv.errors import ConfigError
+from rkv.format.dtypes import check_dtype
 from rkv.placement.config import BlockInput, PlacementConfig, TierInput
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 GIB = float(1 << 30)
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 def resolve_model(spec: Any) -> Any:
@@ -193,12 +193,11 @@ def data_bytes(b: BlockInput, bits: int) -> int:
 def _data_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, bits: int) -> int:
     from rkv.codec.stages import quantizer_for
 
-    if dtype not in _ITEMSIZE:
-        raise ConfigError(f"block: dtype must be one of {sorted(_ITEMSIZE)}, got {dtype!r}")
+    item = check_dtype(dtype, "block: dtype").itemsize
     shape = (2, tokens, heads, dim)
     q = quantizer_for(f"kivi(bits={bits})") if bits < 16 else None
     full = (q.encoded_size(shape, dtype) if q is not None
-            else 2 * tokens * heads * dim * _ITEMSIZE[dtype])
+            else 2 * tokens * heads * dim * item)
     return full if kind == "kv" else -(-full // 2)
 
 

@@ -14,7 +14,7 @@ See ``docs/quantization.md`` for the scheme, the byte layout, error bounds and s
 
 from __future__ import annotations
 
-from rkv.quant.base import CLEAN, CORRECTED, DTYPES, QuantDecodeResult, Quantizer
+from rkv.quant.base import CLEAN, CORRECTED, QuantDecodeResult, Quantizer
 from rkv.quant.kivi import KiviLayout, KiviQuantizer
 from rkv.quant.none import NoneQuantizer
 from rkv.quant.registry import (
@@ -33,7 +33,6 @@ del _cls
 __all__ = [
     "CLEAN",
     "CORRECTED",
-    "DTYPES",
     "KiviLayout",
     "KiviQuantizer",
     "NoneQuantizer",

@@ -20,13 +20,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from rkv.buffers import as_u8 as as_u8  # re-exported for the kernels
 from rkv.buffers import readonly as readonly
 from rkv.errors import ShapeError
+from rkv.format.dtypes import DTYPES, NAMES
 from rkv.specs import Configured
 from rkv.specs import check_keys as check_keys  # re-exported for the implementations
 from rkv.specs import int_param as int_param
@@ -39,14 +39,6 @@ Status = Literal["clean", "corrected"]
 CLEAN: Status = "clean"
 CORRECTED: Status = "corrected"
 
-#: the dtypes a KV block may have, by name
-DTYPES: dict[str, np.dtype[Any]] = {
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-}
-#: dtype codes (the same as in the record header, docs/format.md)
-DTYPE_CODES: dict[str, int] = {"float16": 1, "bfloat16": 2, "float32": 3}
 
 _MAX_DIM = (1 << 32) - 1
 
@@ -77,7 +69,7 @@ def dtype_name(dtype: str | np.dtype[Any] | type) -> str:
             name = repr(dtype)
     if name not in DTYPES:
         raise ShapeError(
-            f"unsupported KV dtype {name!r}; expected one of {', '.join(DTYPES)}"
+            f"unsupported KV dtype {name!r}; expected one of {', '.join(NAMES)}"
         )
     return name
 

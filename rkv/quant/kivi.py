@@ -67,11 +67,10 @@ import xxhash
 
 import rkv.quant._kernels as _kernels
 from rkv.errors import ConfigError, CorruptRecordError, ShapeError
+from rkv.format.dtypes import DTYPES, numpy_dtype
 from rkv.quant.base import (
     CLEAN,
     CORRECTED,
-    DTYPE_CODES,
-    DTYPES,
     U8,
     BytesLike,
     QuantDecodeResult,
@@ -144,7 +143,7 @@ class KiviLayout:
         cl = HEADER_SIZE + _round8(meta_len) + CHECK_SIZE
         n = 2 * tokens * heads * head_dim
         codes_len = -(-n * bits // 8)
-        header = _HEADER.pack(MAGIC, VERSION, bits, DTYPE_CODES[dtype], 0, group, vg, tokens,
+        header = _HEADER.pack(MAGIC, VERSION, bits, DTYPES[dtype].code, 0, group, vg, tokens,
                               heads, head_dim)
         return cls(bits, group, dtype, tokens, heads, head_dim, vg, gk, gv, mdt, meta_len, cl,
                    n, codes_len, 2 * cl, (0, cl, 2 * cl + _round8(codes_len)),
@@ -262,7 +261,7 @@ class KiviQuantizer(Quantizer):
             scratch = np.empty(lay.n_codes, np.uint8)
             _kernels.unpack_codes(b[c0 : c0 + lay.codes_len], self.bits, lay.n_codes, scratch)
             codes = readonly(scratch)
-        dt = DTYPES[lay.dtype]
+        dt = numpy_dtype(lay.dtype)
         out = np.empty((2, lay.tokens, lay.heads, lay.head_dim), dt)
         tag = _TAGS[lay.dtype]
         flat = out.reshape(-1)

@@ -9,9 +9,9 @@ import numpy as np
 import numpy.typing as npt
 
 from rkv.errors import ConfigError, CorruptRecordError
+from rkv.format.dtypes import DTYPES, numpy_dtype
 from rkv.quant.base import (
     CLEAN,
-    DTYPES,
     BytesLike,
     QuantDecodeResult,
     Quantizer,
@@ -52,7 +52,7 @@ class NoneQuantizer(Quantizer):
         self, buf: BytesLike, shape: Iterable[int], dtype: str | np.dtype[Any]
     ) -> QuantDecodeResult:
         dims = check_shape(shape)
-        dt = DTYPES[dtype_name(dtype)]
+        dt = numpy_dtype(dtype_name(dtype))
         b = as_u8(buf)
         want = self.encoded_size(dims, dt)
         if b.shape[0] != want:

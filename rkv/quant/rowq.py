@@ -36,10 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from rkv.errors import ConfigError, CorruptRecordError, ShapeError
+from rkv.format.dtypes import DTYPES, numpy_dtype
 from rkv.quant.base import (
     CLEAN,
-    DTYPE_CODES,
-    DTYPES,
     BytesLike,
     QuantDecodeResult,
     Quantizer,
@@ -114,7 +113,7 @@ class RowQuantizer(Quantizer):
             packed = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8)
         else:
             packed = codes.view(np.uint8)
-        head = _HEADER.pack(MAGIC, VERSION, self.bits, DTYPE_CODES[name], 0, rows, cols)
+        head = _HEADER.pack(MAGIC, VERSION, self.bits, DTYPES[name].code, 0, rows, cols)
         return bytes(head + scale.astype("<f4").tobytes() + packed.tobytes())
 
     def decode_result(
@@ -130,7 +129,7 @@ class RowQuantizer(Quantizer):
         rows, cols = _rows(dims)
         magic, version, bits, dcode, _, r, c = _HEADER.unpack_from(b.tobytes()[:_HEADER.size])
         if (magic != MAGIC or version != VERSION or bits != self.bits
-                or dcode != DTYPE_CODES[name] or (r, c) != (rows, cols)):
+                or dcode != DTYPES[name].code or (r, c) != (rows, cols)):
             raise CorruptRecordError("rowq: the encoding's header does not match the block")
         off = _HEADER.size
         scale = b[off:off + 4 * rows].view("<f4").astype(np.float32)
@@ -147,4 +146,4 @@ class RowQuantizer(Quantizer):
         x = codes.reshape(rows, cols).astype(np.float32) * scale[:, None]
         if name == "float16":
             x = np.clip(x, -_F16_MAX, _F16_MAX)
-        return QuantDecodeResult(x.astype(DTYPES[name]).reshape(dims), CLEAN)
+        return QuantDecodeResult(x.astype(numpy_dtype(name)).reshape(dims), CLEAN)

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rkv.errors import ReadOnlyStoreError, ShapeError
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.keys import chunk_bounds
 from rkv.format.model import ModelSpec, as_model_spec
-from rkv.format.tensors import as_kv_array, numpy_dtype, to_output
+from rkv.format.tensors import as_kv_array, to_output
 from rkv.store.index import ChunkMeta
 from rkv.store.readpath import Readers
 from rkv.store.remote_share import announce

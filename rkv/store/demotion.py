@@ -35,8 +35,8 @@ from rkv.codec.blockcodec import encode_block, read_block, reencode
 from rkv.codec.pipeline import Pipeline
 from rkv.codec.stages import header_stages
 from rkv.errors import ConfigError, IntegrityError
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import DecodedRecord, decode_record
-from rkv.format.tensors import numpy_dtype
 from rkv.store.ages import now_ns
 from rkv.store.index import ChunkMeta, Index, label_parts
 from rkv.store.storemix import stages_label

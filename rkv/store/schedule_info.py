@@ -14,6 +14,7 @@ import logging
 import math
 from typing import Any
 
+from rkv.format.dtypes import itemsize
 from rkv.reliability.schedule import DEFAULT_BLOCK_BYTES, schedule
 from rkv.ui.tables import Column, render
 
@@ -21,7 +22,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["add_schedule", "block_bytes", "human_hours", "schedule_rows", "schedule_text"]
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 def block_bytes(stats: dict[str, Any]) -> tuple[int, str]:
@@ -29,7 +29,7 @@ def block_bytes(stats: dict[str, Any]) -> tuple[int, str]:
     tokens = int(stats.get("chunk_tokens", 256))
     for m in stats.get("models", []):
         try:
-            n = 2 * tokens * int(m["n_kv_heads"]) * int(m["head_dim"]) * _ITEMSIZE[m["dtype"]]
+            n = 2 * tokens * int(m["n_kv_heads"]) * int(m["head_dim"]) * itemsize(m["dtype"])
         except (KeyError, TypeError, ValueError):
             continue
         if n > 0:

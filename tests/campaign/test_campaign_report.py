@@ -82,7 +82,7 @@ def test_block_size_is_the_stored_blocks(kw: dict[str, object], size: str) -> No
     """The summary's block size is what the store writes: the block's bytes after the
     quantizer (the old summary said 192 KiB for every dtype and bit-width)."""
     from rkv.codec.stages import quantizer_for
-    from rkv.format.tensors import numpy_dtype
+    from rkv.format.dtypes import numpy_dtype
 
     cfg = CampaignConfig(tier="nvme", trials=1, blocks=1, **kw)  # type: ignore[arg-type]
     block = np.ones((2, cfg.chunk_tokens, cfg.kv_heads, cfg.head_dim), numpy_dtype(cfg.dtype))

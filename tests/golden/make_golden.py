@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import RecordHeader, encode_array_record
-from rkv.format.tensors import numpy_dtype
 
 HERE = Path(__file__).parent
 #: Format v1 records (no write time), written by the first release; this build reads them

@@ -18,8 +18,8 @@ HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
 sys.path.insert(0, str(HERE.parents[1]))
 
+from rkv.format.dtypes import numpy_dtype  # noqa: E402
 from rkv.quant import get_quantizer  # noqa: E402
-from rkv.quant.base import DTYPES  # noqa: E402
 
 CASES: dict[str, tuple[str, str, tuple[int, int, int, int]]] = {
     "kivi_b8_g4_float16": ("kivi(bits=8,group=4)", "float16", (2, 5, 2, 8)),
@@ -43,7 +43,7 @@ def case_data(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     x[1, 0, 0, :] = 1.5  # a constant value row
     x[0, 0, 0, :] = 0.0
     x[0, -1, -1, -1] = -0.0
-    return x.astype(DTYPES[dtype])
+    return x.astype(numpy_dtype(dtype))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rkv.eval.faults.harness import OUTCOMES, Harness
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.keys import as_token_array, block_key, chunk_keys
-from rkv.format.tensors import numpy_dtype
 from rkv.reliability.protection import RAW
 
 if TYPE_CHECKING:
