@@ -34,33 +34,33 @@ from typing import TYPE_CHECKING, Any
 from .errors import FaultModelError
 
 if TYPE_CHECKING:
-    from .accel import AcceleratedModel, accelerate, check_multiplier
     from .base import ERASURE_KINDS, EVENT_KINDS, ErrorPattern, EventRate, FaultModel
+    from .catalog import list_presets, load_preset, register_model
     from .cxl import CxlModel
     from .dram import MODE_NAMES, SC12_FIT, DramMode, DramModel
     from .nand import NandModel
     from .rawber import RawBerModel
     from .registry import (
+        AcceleratedModel,
+        accelerate,
+        check_multiplier,
         dump,
         get_model,
-        list_presets,
         load,
-        load_preset,
         model_class,
         model_names,
-        register_model,
     )
 
 # The models load on first use: rkv imports faultmodels.checks (the shared value checks)
 # at start-up, which must not cost the models' import (about 80 ms).
 _WHERE = {
-    "AcceleratedModel": "accel", "accelerate": "accel", "check_multiplier": "accel",
+    "AcceleratedModel": "registry", "accelerate": "registry", "check_multiplier": "registry",
     "ERASURE_KINDS": "base", "EVENT_KINDS": "base", "ErrorPattern": "base",
     "EventRate": "base", "FaultModel": "base", "CxlModel": "cxl", "MODE_NAMES": "dram",
     "SC12_FIT": "dram", "DramMode": "dram", "DramModel": "dram", "NandModel": "nand",
     "RawBerModel": "rawber", "dump": "registry", "get_model": "registry",
-    "list_presets": "registry", "load": "registry", "load_preset": "registry",
-    "model_class": "registry", "model_names": "registry", "register_model": "registry",
+    "list_presets": "catalog", "load": "registry", "load_preset": "catalog",
+    "model_class": "registry", "model_names": "registry", "register_model": "catalog",
 }
 
 

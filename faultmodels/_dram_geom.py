@@ -1,14 +1,31 @@
-"""Counting and placement helpers of the DRAM model (internal): how many fault origins touch
-a region, how many origin pairs share a word, how long a fault persists, and where a fault
-that touches a buffer lies. Exact integer counting, checked by brute force in the tests."""
+"""Counting and placement helpers of the DRAM model (internal): its resolved fault classes
+(`_Cls`, shared with :mod:`faultmodels.dram_secded`), how many fault origins touch a region,
+how many origin pairs share a word, how long a fault persists, and where a fault that touches
+a buffer lies. Exact integer counting, checked by brute force in the tests."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ._dist import IntArray, runs
+
+
+@dataclass(frozen=True)
+class _Cls:
+    """One (mode, persistence) class with its resolved geometry."""
+
+    mode: str
+    kind: str
+    transient: bool
+    rate: float  # faults per byte of memory per hour
+    span: int
+    stride: int
+    count: int
+    bits: int
+    fate: str  # "escape" | "secded" (split by the Hsiao code) | "correct" | "ondie"
 
 
 def _hits(n: int, count: int, stride: int) -> int:

@@ -35,6 +35,7 @@ from .base import (
     binomial_class,
     poisson_class,
 )
+from .catalog import deep_merge, registered, spec_params
 from .checks import as_float, as_int, as_str, split_params
 from .dram import DramModel
 from .errors import FaultModelError
@@ -46,6 +47,17 @@ def default_cxl_media() -> DramModel:
     """DDR5-like media (16 Gb x8 devices, 32-bit sub-channels, on-die ECC, SEC-DED)."""
     return DramModel(device_bytes=2 << 30, device_width=8, bus_bits=32, banks=32, ranks=2,
                      row_bytes=4096, system_ecc="secded", on_die_ecc=True)
+
+
+def _dram_media(d: dict[str, Any]) -> DramModel | None:
+    """The media model the parameters ``d`` describe, or None when they name no DRAM model
+    class (the caller refuses that). A class registered under the name counts, as for
+    `get_model`; the shipped "dram" is `DramModel` (the registry may not have added it yet)."""
+    name = d.get("model")
+    cls = registered(name) or (DramModel if name == DramModel.name else None)
+    if cls is None or not issubclass(cls, DramModel):
+        return None
+    return cls.from_params(d)
 
 
 @dataclass(frozen=True)
@@ -182,13 +194,11 @@ class CxlModel(FaultModel):
         if "media" in kw:
             media = kw["media"]
             if isinstance(media, (str, Mapping)):
-                from .registry import _deep_merge, get_model
-
                 spec: Any = media
                 if isinstance(media, Mapping) and "preset" not in media:
                     # a partial table overrides the default CXL media
-                    spec = _deep_merge(default_cxl_media().params(), media)
-                media = get_model(spec)
+                    spec = deep_merge(default_cxl_media().params(), media)
+                media = _dram_media(spec_params(spec))
             if not isinstance(media, DramModel):
                 raise FaultModelError("cxl.media must describe a dram model")
             kw["media"] = media

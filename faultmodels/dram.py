@@ -65,9 +65,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import dram_secded
+import faultmodels.dram_secded as dram_secded
+
 from ._dist import IntArray
 from ._dram_geom import (
+    _Cls,
     _hit_origin,
     _hits,
     _in_range,
@@ -106,21 +108,6 @@ __all__ = ["ECC_CHOICES", "MODE_NAMES", "SC12_FIT", "DramMode", "DramModel"]
 
 ECC_CHOICES = ("none", "secded", "chipkill")
 ON_DIE_DATA_BITS = 128  # DDR5 on-die ECC: (136,128) SEC per 128 data bits of one device
-
-
-@dataclass(frozen=True)
-class _Cls:
-    """One (mode, persistence) class with its resolved geometry."""
-
-    mode: str
-    kind: str
-    transient: bool
-    rate: float  # faults per byte of memory per hour
-    span: int
-    stride: int
-    count: int
-    bits: int
-    fate: str  # "escape" | "secded" (split by the Hsiao code) | "correct" | "ondie"
 
 
 @dataclass(frozen=True)

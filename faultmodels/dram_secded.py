@@ -9,22 +9,35 @@ its wrong bits, plus the bit the decoder flips on a miscorrection, in every word
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from . import wordecc
+import faultmodels.wordecc as wordecc
+
 from ._dist import IntArray
-from ._dram_geom import _hit_origin, _hits, _in_range, _line_erasures, lane_counts
+from ._dram_geom import _Cls, _hit_origin, _hits, _in_range, _line_erasures, lane_counts
 from .base import ErrorPattern, EventClass, EventRate, poisson_class
 
-if TYPE_CHECKING:
-    from .dram import DramModel, _Cls
-
-__all__ = ["lanes", "secded_classes"]
+__all__ = ["DramBus", "lanes", "secded_classes"]
 
 
-def lanes(m: DramModel, c: _Cls, n: int) -> tuple[wordecc.LaneOutcomes, IntArray, IntArray, int]:
+class DramBus(Protocol):
+    """What the split reads of the DRAM model (a `DramModel` is one): its bus word and
+    poison line geometry."""
+
+    @property
+    def bus_bits(self) -> int: ...
+    @property
+    def device_width(self) -> int: ...
+    @property
+    def word_bytes(self) -> int: ...
+    @property
+    def poison_bytes(self) -> int: ...
+
+
+
+def lanes(m: DramBus, c: _Cls, n: int) -> tuple[wordecc.LaneOutcomes, IntArray, IntArray, int]:
     """The Hsiao outcome table of a class, the bytes of each byte lane in [0, n), the
     origins of each lane whose positions touch [0, n), and the stride in words."""
     wb = m.word_bytes
@@ -35,7 +48,7 @@ def lanes(m: DramModel, c: _Cls, n: int) -> tuple[wordecc.LaneOutcomes, IntArray
                     dtype=np.int64)
     return lo, nl, hits, sw
 
-def secded_classes(m: DramModel, c: _Cls, n: int, h: float) -> list[EventClass]:
+def secded_classes(m: DramBus, c: _Cls, n: int, h: float) -> list[EventClass]:
     """A multi-bit fault under SEC-DED: detected (poisoned lines) or silent (undetected or
     miscorrected: its wrong bits plus the decoder's flip in every word it touches), split
     lane by lane with the exact fractions of the Hsiao code (`faultmodels.wordecc`)."""
@@ -73,7 +86,7 @@ def secded_classes(m: DramModel, c: _Cls, n: int, h: float) -> list[EventClass]:
         out.append(poisson_class(rate, realize))
     return out
 
-def _realize(m: DramModel, c: _Cls, n: int, k: int, rng: np.random.Generator, silent: bool,
+def _realize(m: DramBus, c: _Cls, n: int, k: int, rng: np.random.Generator, silent: bool,
                     lane_p: np.ndarray, lo: wordecc.LaneOutcomes, nl: IntArray,
                     sw: int) -> ErrorPattern:
     wb, pb = m.word_bytes, m.poison_bytes

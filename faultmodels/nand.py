@@ -47,7 +47,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import nand_cluster, nand_field, nand_raw, wordecc
+import faultmodels.nand_cluster as nand_cluster
+import faultmodels.nand_field as nand_field
+import faultmodels.nand_raw as nand_raw
+import faultmodels.wordecc as wordecc
+
 from ._dist import (
     FloatArray,
     IntArray,
@@ -339,7 +343,8 @@ class NandModel(FaultModel):
             p = self.rber(h)
             rate = EventRate("bit", 8 * n * p, 1, 1.0, label="raw NAND bit error")
             if self.overdispersion > 0.0 and 0.0 < p < 1.0:
-                out.append(nand_raw.raw_bb_class(self, n, p, rate))
+                out.append(nand_raw.raw_bb_class(n, p, rate, self.overdispersion,
+                                                  self.ecc_codeword_bytes))
             else:
                 def realize_bits(k: int, rng: np.random.Generator) -> ErrorPattern:
                     return ErrorPattern(n, distinct(8 * n, k, rng))

@@ -4,7 +4,6 @@ group (Taranalli et al.), internal to `faultmodels.nand`."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,16 +19,15 @@ from ._dist import (
 )
 from .base import ErrorPattern, EventClass, EventRate
 
-if TYPE_CHECKING:
-    from .nand import NandModel
-
 __all__ = ["raw_bb_class"]
 
 
-def raw_bb_class(model: NandModel, n: int, p: float, rate: EventRate) -> EventClass:
-    """Raw bit errors, beta-binomial per codeword-sized group (overdispersion > 0)."""
-    alpha, beta = beta_params(p, model.overdispersion)
-    cw = model.ecc_codeword_bytes
+def raw_bb_class(n: int, p: float, rate: EventRate, overdispersion: float,
+                 codeword_bytes: int) -> EventClass:
+    """Raw bit errors of an n-byte buffer with per-bit probability p, beta-binomial per
+    codeword-sized group (``overdispersion`` > 0; the groups are ``codeword_bytes`` long)."""
+    alpha, beta = beta_params(p, overdispersion)
+    cw = codeword_bytes
     full, tail = divmod(n, cw)
     groups = []  # (units, log P(unit empty), bits per unit, first unit index)
     if full:

@@ -1,33 +1,58 @@
-"""Model registry, presets (TOML data files) and loading.
+"""Model registry and loading: a spec (a preset name, a path to a ``.toml`` file, a dict or a
+model) to a model, and a model back to a file; and the `accelerated` model.
 
-Presets live in ``faultmodels/presets/<name>.toml``. Each file is a plain parameter table
-(``model = "..."`` plus that model's parameters) with a comment block and a ``source`` string
-citing where the numbers come from. Users copy a file, change it, and `load` it.
+The names a spec may use, the presets and the registered model classes, are in
+:mod:`faultmodels.catalog`; this module adds the shipped model classes to them on its first
+lookup. The accelerated model lives here because its base is any model a spec may name:
+building one from its parameters is a lookup in this registry, which lists it among the
+shipped models.
+
+Accelerated testing: a model whose fault events are ``ber_multiplier`` times as frequent.
+
+Field fault rates are far too low for a campaign or a quality run to see what protection does
+(a healthy SSD loses a 192 KiB block about twice in a billion days). :func:`accelerate` wraps
+any model so that every one of its event classes has ``x`` times its expected count (a
+Poisson class's mean times x, a binomial class's per-unit probability times x) with the same
+footprints: the mix of fault kinds the reader sees is kept, only their frequency changes, the
+same way for every tier. For ``raw-ber`` this is ``ber`` times x exactly; for DRAM and CXL the
+FIT rates times x (coincidences of correctable faults included, at x, not x squared); for
+NAND behind its device ECC the lost sectors, miscorrections, latent sector errors and silent
+corruption times x (not the raw bit error rate, which would fall off the ECC's cliff; raise
+``pe_cycles`` or ``hours`` for that). Rare outcomes therefore grow close to linearly in x
+(exactly for one-event outcomes), which keeps extrapolation back to x = 1 honest.
+
+The wrapped model is an ordinary :class:`FaultModel` (``model = "accelerated"``, with
+``ber_multiplier`` and ``base`` parameters), so sampling, importance sampling and
+:func:`rkv.reliability.analytic.predict` all see the same accelerated rates. Latent faults
+(``latent_hours`` of a DRAM or CXL base) are part of the base's classes, so they are
+accelerated with them; ``with_latent_hours`` changes the base's window.
 """
 
 from __future__ import annotations
 
-import tomllib
+import dataclasses
 from collections.abc import Mapping
-from importlib import resources
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from .base import FaultModel
+from .base import EventClass, FaultModel, binomial_class, poisson_class
+from .catalog import add_shipped, read_spec, registered, registered_names, spec_params
+from .checks import as_float, split_params
 from .errors import FaultModelError
+from .rawber import RawBerModel
 
 __all__ = [
+    "AcceleratedModel",
+    "accelerate",
+    "check_multiplier",
     "dump",
     "get_model",
-    "list_presets",
     "load",
-    "load_preset",
     "model_class",
     "model_names",
-    "register_model",
 ]
 
-_MODELS: dict[str, type[FaultModel]] = {}
 _builtins_loaded = False
 
 
@@ -38,83 +63,28 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from .accel import AcceleratedModel
+    # Here, not at the top: check_multiplier and dump need none of the DRAM, CXL and NAND
+    # models, whose import costs about 0.1 s.
     from .cxl import CxlModel
     from .dram import DramModel
     from .nand import NandModel
-    from .rawber import RawBerModel
 
     for cls in (RawBerModel, DramModel, CxlModel, NandModel, AcceleratedModel):
-        _MODELS.setdefault(cls.name, cls)
-
-
-def register_model(cls: type[FaultModel]) -> type[FaultModel]:
-    """Register a FaultModel subclass under its `name` (usable as a class decorator)."""
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name:
-        raise FaultModelError(f"{cls!r} has no model name")
-    _MODELS[name] = cls
-    return cls
+        add_shipped(cls)
 
 
 def model_names() -> list[str]:
     _load_builtins()
-    return sorted(_MODELS)
+    return registered_names()
 
 
 def model_class(name: str) -> type[FaultModel]:
     _load_builtins()
-    try:
-        return _MODELS[name]
-    except (KeyError, TypeError):
+    cls = registered(name)
+    if cls is None:
         raise FaultModelError(
-            f"unknown fault model {name!r}; known: {', '.join(model_names())}") from None
-
-
-def _preset_dir() -> Any:
-    return resources.files("faultmodels").joinpath("presets")
-
-
-def list_presets() -> list[str]:
-    """Names of the shipped presets (the TOML files in faultmodels/presets)."""
-    out = []
-    for entry in _preset_dir().iterdir():
-        nm = entry.name
-        if nm.endswith(".toml"):
-            out.append(nm[: -len(".toml")])
-    return sorted(out)
-
-
-def load_preset(name: str) -> dict[str, Any]:
-    """The parameter dict of a shipped preset (a fresh copy)."""
-    if not isinstance(name, str) or name not in list_presets():
-        raise FaultModelError(
-            f"unknown preset {name!r}; presets: {', '.join(list_presets())}")
-    text = _preset_dir().joinpath(name + ".toml").read_text(encoding="utf-8")
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:  # pragma: no cover - shipped files are tested
-        raise FaultModelError(f"preset {name!r} is not valid TOML: {e}") from None
-
-
-def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def _resolve(d: Mapping[str, Any]) -> dict[str, Any]:
-    """Expand a ``{"preset": name, ...overrides}`` mapping into full parameters."""
-    if not isinstance(d, Mapping):
-        raise FaultModelError(f"expected a mapping of parameters, got {type(d).__name__}")
-    if "preset" in d:
-        over = {k: v for k, v in d.items() if k != "preset"}
-        return _deep_merge(load_preset(d["preset"]), over)
-    return dict(d)
+            f"unknown fault model {name!r}; known: {', '.join(model_names())}")
+    return cls
 
 
 def get_model(spec: str | Mapping[str, Any] | FaultModel) -> FaultModel:
@@ -123,16 +93,10 @@ def get_model(spec: str | Mapping[str, Any] | FaultModel) -> FaultModel:
     merge; ``{"model": "raw-ber", "ber": 1e-6}`` builds directly) or a FaultModel (returned)."""
     if isinstance(spec, FaultModel):
         return spec
-    if isinstance(spec, str):
-        if spec.endswith(".toml") and spec not in list_presets():
-            return load(spec)
-        return get_model(load_preset(spec))
-    if isinstance(spec, Path):
-        return load(spec)
-    if not isinstance(spec, Mapping):
-        raise FaultModelError(
-            f"a fault model spec is a preset name, a dict or a FaultModel; got {spec!r}")
-    d = _resolve(spec)
+    return _build(spec_params(spec))
+
+
+def _build(d: dict[str, Any]) -> FaultModel:
     if "model" not in d:
         raise FaultModelError(
             "a fault model dict needs a 'model' key (one of "
@@ -142,12 +106,89 @@ def get_model(spec: str | Mapping[str, Any] | FaultModel) -> FaultModel:
 
 def load(path: str | Path) -> FaultModel:
     """A model from a TOML file (the preset format; a ``preset = "name"`` key is allowed)."""
-    from .files import MAX_TOML_BYTES, load_toml, read_text
-
-    text = read_text(path, "fault model file", limit=MAX_TOML_BYTES)
-    return get_model(load_toml(text, f"fault model file {path}"))
+    return _build(read_spec(path))
 
 
 def dump(model: FaultModel, path: str | Path) -> None:
     """Write `model.to_toml()` to `path`."""
     Path(path).write_text(model.to_toml(), encoding="utf-8")
+
+
+def check_multiplier(x: Any) -> float:
+    """``x`` as a float if it is a finite number > 0, else :class:`FaultModelError`."""
+    return as_float(x, "ber_multiplier", lo=0.0, lo_open=True)
+
+
+@dataclass(frozen=True)
+class AcceleratedModel(FaultModel):
+    """``base`` with every event class ``ber_multiplier`` times as frequent."""
+
+    name: ClassVar[str] = "accelerated"
+
+    base: FaultModel = field(default_factory=RawBerModel)
+    ber_multiplier: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, FaultModel):
+            raise FaultModelError(f"accelerated.base must be a fault model, got {self.base!r}")
+        object.__setattr__(self, "ber_multiplier", check_multiplier(self.ber_multiplier))
+
+    def params(self) -> dict[str, Any]:
+        return {"model": self.name, "ber_multiplier": self.ber_multiplier,
+                "base": self.base.params()}
+
+    @classmethod
+    def from_params(cls, d: Mapping[str, Any]) -> AcceleratedModel:
+        kw = split_params(d, cls.name, ("base", "ber_multiplier"))
+        if "base" not in kw:
+            raise FaultModelError("accelerated model: 'base' (the model to accelerate) is "
+                                  "missing")
+        return cls(get_model(kw["base"]), kw.get("ber_multiplier", 1.0))
+
+    @property
+    def latent_hours(self) -> float:
+        return self.base.latent_hours
+
+    def with_latent_hours(self, hours: float) -> AcceleratedModel:
+        """The base model with its latent window changed, accelerated as before."""
+        return AcceleratedModel(self.base.with_latent_hours(hours), self.ber_multiplier)
+
+    def _scaled(self, c: EventClass) -> EventClass:
+        x = self.ber_multiplier
+        what = c.rate.label or c.rate.kind
+        if c.realize is None or c.law is None:
+            raise FaultModelError(f"{self.base.name}: event class {what!r} has no count law "
+                                  "to scale (e.g. nand overdispersion > 0)")
+        if c.law == "poisson":
+            return poisson_class(dataclasses.replace(c.rate, mean=c.mu * x), c.realize)
+        p = c.p * x
+        if p > 1.0:
+            raise FaultModelError(f"event class {what!r}: per-unit probability {c.p:.3g} "
+                                  f"times {x:g} exceeds 1")
+        return binomial_class(dataclasses.replace(c.rate, mean=c.units * p), c.units, p,
+                              c.realize)
+
+    def _build_classes(self, nbytes: int, hours: float) -> list[EventClass]:
+        return [self._scaled(c) for c in self.base.event_classes(nbytes, hours)]
+
+    def _bit_probs(self, hours: float) -> tuple[float, float]:
+        """First order in the base model's probabilities (exact while they are small)."""
+        pu, pf = self.base._bit_probs(hours)
+        x = self.ber_multiplier
+        return min(1.0, x * pu), min(1.0, x * pf)
+
+
+def accelerate(model: FaultModel | str | Mapping[str, Any], ber_multiplier: Any = 1.0
+               ) -> FaultModel:
+    """``model`` (a model or a ``get_model`` spec) with every fault event class
+    ``ber_multiplier`` times as frequent (:class:`AcceleratedModel`; multipliers of an
+    accelerated model multiply); the model itself when the multiplier is 1. A multiplier
+    that is not a finite number > 0 is a :class:`FaultModelError`, and so is one that takes
+    a per-unit probability past 1 (when the model's classes are built)."""
+    m = get_model(model)
+    x = check_multiplier(ber_multiplier)
+    if x == 1.0:
+        return m
+    if isinstance(m, AcceleratedModel):
+        return AcceleratedModel(m.base, m.ber_multiplier * x)
+    return AcceleratedModel(m, x)

@@ -93,6 +93,19 @@ def test_preset_overrides_merge() -> None:
     assert fm.get_model({"preset": "raw-ber"}) == fm.get_model("raw-ber")
 
 
+def test_cxl_media_must_name_a_dram_model() -> None:
+    for media in ("nvme-tlc", {"model": "raw-ber"}, {"model": "nope"}, {"preset": "cxl"}):
+        with pytest.raises(FaultModelError, match=r"cxl\.media must describe a dram model"):
+            fm.CxlModel.from_params({"model": "cxl", "media": media})
+
+
+def test_accelerated_from_params_builds_its_base() -> None:
+    m = fm.accelerate({"preset": "cxl", "media": "dram-ddr4"}, 10.0)
+    assert type(m).from_params(m.to_dict()) == m
+    two = fm.AcceleratedModel.from_params({"base": "nvme-tlc", "ber_multiplier": 2})
+    assert two == fm.accelerate("nvme-tlc", 2)
+
+
 def test_load_with_preset_key(tmp_path: Path) -> None:
     p = tmp_path / "mine.toml"
     p.write_text('preset = "nvme-tlc"\ntemperature_c = 55.0\n')
