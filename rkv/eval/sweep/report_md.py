@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rkv.eval.sweep.report import (
+from rkv.eval.sweep.report_fmt import (
     MODEL_NOTE,
     fmt_interval,
     fmt_num,

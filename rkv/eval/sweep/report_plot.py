@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rkv.errors import ConfigError
-from rkv.eval.sweep.report import MODEL_NOTE, label, tiers, varying
+from rkv.eval.sweep.report_fmt import MODEL_NOTE, label, tiers, varying
 from rkv.eval.sweep.report_rows import Rate, Setting
 
 XLABEL = "storage overhead: stored bytes/token ÷ fp16 − 1"
