@@ -33,7 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rkv.checks import as_float, as_int
 from rkv.errors import ConfigError
-from rkv.eval.sweep.planned import PLANNED_CHUNKS, placement_table
 
 METRICS = ("reliability", "quality", "cost")
 TIERS = ("dram", "cxl", "nvme")
@@ -45,6 +44,10 @@ BUILTIN = ("default",)          # sweep files shipped in the package (rkv/eval/s
 #: and a quality run, minutes each; the shipped sweep has 36. A product of long axes is
 #: refused before it is built.
 MAX_CELLS = 100_000
+#: What a planned cell's placement table gets when it leaves a key out (see placement_table).
+PLACEMENT_DEFAULTS: dict[str, Any] = {"profile": "smollm2-135m", "estimate": False}
+#: Chunks of the put whose (bits, code) mix a planned cell's campaigns weigh, by default.
+PLANNED_CHUNKS = 2
 
 Scalar = bool | int | float | str
 
@@ -185,6 +188,11 @@ def effective_code(code: str, layout: Mapping[str, Any]) -> str:
     if low is None or code == "raw":
         return code
     return f"planes(high={code},low={low},tolerant=1)"
+
+
+def placement_table(placement: Mapping[str, Any], hours: float) -> dict[str, Any]:
+    """A planned cell's placement table with the sweep's defaults filled in."""
+    return {**PLACEMENT_DEFAULTS, "residency_hours": float(hours), **placement}
 
 
 def campaign_kwargs(cell: Mapping[str, Any]) -> dict[str, Any]:
@@ -416,7 +424,7 @@ def lay_dict(layout: Layout) -> dict[str, Any]:
 
 def _check_placement(p: dict[str, Any], where: str) -> dict[str, Any] | None:
     """A placement table, validated as the engine's ``[placement]`` (with the sweep's
-    defaults, :func:`rkv.eval.sweep.planned.placement_table`); empty means none."""
+    defaults, :func:`placement_table`); empty means none."""
     if not p:
         return None
     from rkv.placement import PlacementConfig
