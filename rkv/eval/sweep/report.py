@@ -36,7 +36,7 @@ from rkv.eval.sweep.report_fmt import (
     varying,
 )
 from rkv.eval.sweep.report_md import markdown
-from rkv.eval.sweep.report_plot import plot_all
+from rkv.eval.sweep.report_plot import NO_MATPLOTLIB, have_matplotlib, plot_all
 from rkv.eval.sweep.report_rows import (
     Interval,
     Rate,
@@ -250,17 +250,20 @@ def front_table(rows: Sequence[Mapping[str, Any]], fmt: str = "text", rate: str 
 # -- the report ---------------------------------------------------------------------------------
 @dataclass
 class Report:
-    """What :func:`write_report` wrote."""
+    """What :func:`write_report` wrote; ``note`` says why it drew no figures (empty when
+    it drew them)."""
 
     markdown: Path
     figures: list[Path] = field(default_factory=list)
     summary: str = ""
+    note: str = ""
 
 
 def write_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *,
                  formats: Sequence[str] = ("png", "svg"), rate: str = "hi",
                  max_kl: float = MAX_KL) -> Report:
-    """Write ``report.md`` and the figures (``pareto.*``, ``reliability.*``) to ``out_dir``."""
+    """Write ``report.md`` and the figures (``pareto.*``, ``reliability.*``) to ``out_dir``;
+    without matplotlib, ``report.md`` only (the report's ``note`` says how to get them)."""
     _rate_mode(rate)
     if not rows:
         raise InputError("no result rows to report on")
@@ -271,8 +274,10 @@ def write_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *,
     out.mkdir(parents=True, exist_ok=True)
     sets = settings(rows)
     front = pareto_settings(sets, rate)
-    figures = plot_all(sets, {s.key for s in front}, out, formats, rate)
+    drawn = have_matplotlib()
+    figures = plot_all(sets, {s.key for s in front}, out, formats, rate) if drawn else []
+    note = "" if drawn else NO_MATPLOTLIB
     text = summary(rows, max_kl=max_kl)
     md = out / "report.md"
-    md.write_text(markdown(rows, sets, front, figures, out, rate, text), encoding="utf-8")
-    return Report(md, figures, text)
+    md.write_text(markdown(rows, sets, front, figures, out, rate, text, note), encoding="utf-8")
+    return Report(md, figures, text, note)
