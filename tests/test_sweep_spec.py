@@ -126,8 +126,8 @@ def test_the_shipped_default_sweep_loads() -> None:
 
 
 @pytest.mark.parametrize(("data", "named"), [
-    ({"sweeep": {}}, "unknown key sweeep"),
-    ({"axes": {"bitz": [4]}}, "unknown key axes.bitz"),
+    ({"sweeep": {}}, "unknown key(s) sweeep"),
+    ({"axes": {"bitz": [4]}}, "axes: unknown key(s) bitz"),
     ({"axes": {"bits": [16, 3]}}, "axes.bits[1]"),
     ({"axes": {"bits": 4}}, "axes.bits"),
     ({"axes": {"code": ["none", "rs(255,300)"]}}, "axes.code[1]"),
@@ -136,7 +136,7 @@ def test_the_shipped_default_sweep_loads() -> None:
     ({"axes": {"hours": [-1.0]}}, "axes.hours[0]"),
     ({"axes": {"ber_multiplier": [0.0]}}, "axes.ber_multiplier[0]"),
     ({"axes": {"layout": [{"chunk_tokens": 256, "plane": "none"}]}},
-     "unknown key axes.layout[0].plane"),
+     "axes.layout[0]: unknown key(s) plane"),
     ({"axes": {"layout": [{"planes": "rs(9)"}]}}, "axes.layout[0].planes"),
     ({"axes": {"placement": [{}, {"max_p_due": 2.0}]}}, "axes.placement[1]"),
     ({"axes": {"tier": ["nvme"]}, "params": {"nvme-tlc": {"pe_cylces": 10}}},
@@ -149,6 +149,13 @@ def test_the_shipped_default_sweep_loads() -> None:
     ({"sweep": {"seeds": [-1]}}, "sweep.seeds[0]"),
     ({"reliability": {"trials": 0}}, "reliability.trials"),
     ({"quality": {"text": ["wiki"]}}, "quality.text[0]"),
+    ({"axes": {"bits": [4.0]}}, "axes.bits[0] must be one of 16, 8, 4 or 2, got 4.0"),
+    ({"axes": {"layout": [{"chunk_tokens": 8}]}}, "axes.layout[0].chunk_tokens must be in"),
+    ({"axes": {"tier": []}}, "axes.tier must be a non-empty list"),
+    ({"params": {"nvme-tlc": {"pe_cycles": [[1000]]}}}, "params.nvme-tlc.pe_cycles[0]"),
+    ({"sweep": {"name": "a b"}}, "sweep.name must be"),
+    ({"cost": {"chunks": 0}}, "cost.chunks must be >= 1, got 0"),
+    ({"include": {"bits": 4}}, "include must be a list of tables"),
     ({"exclude": [{"bits": 16}]}, "no cells"),
     ({"axes": {"bits": [4], "layout": [{"planes": "none"}]}}, "exclude rule"),
 ])

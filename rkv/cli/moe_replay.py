@@ -249,7 +249,7 @@ def plot(results: Sequence[MoEResult], path: str | Path, title: str = "") -> Non
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
-        raise ConfigError("--plot needs matplotlib (pip install 'matplotlib>=3.8')") from exc
+        raise ConfigError("--plot needs matplotlib (pip install 'rkv[plots]')") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -59,4 +59,6 @@ def cmd_report(args: Any) -> int:
     print(f"report: {rep.markdown}")
     for f in rep.figures:
         print(f"figure: {f}")
+    if rep.note:
+        log.warning("%s", rep.note)
     return 0

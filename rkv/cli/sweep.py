@@ -76,5 +76,8 @@ def cmd_sweep(args: Any) -> int:
         print(f"\nreport: {rep.markdown}")
         for fig in rep.figures:
             print(f"figure: {fig}")
+        if rep.note:
+            log.warning("%s; then rkv report %s --out %s draws them", rep.note, results,
+                        out_dir)
     check_failures(run)
     return 0

@@ -225,7 +225,7 @@ def plot(results: Sequence[Result], path: str | Path, title: str = "") -> None:
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
-        raise ConfigError("--plot needs matplotlib (pip install 'matplotlib>=3.8')") from exc
+        raise ConfigError("--plot needs matplotlib (pip install 'rkv[plots]')") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,8 +1,9 @@
 """One sweep cell: a pure function of its config (:func:`run_cell`).
 
 * **reliability**: a fault campaign through the real read path
-  (:func:`rkv.eval.faults.campaign.run_campaign`): per-block outcome rates with 95 % Wilson
-  intervals next to the analytic P(DUE) and P(SDC) of the same settings;
+  (:func:`rkv.eval.faults.campaign.run_campaign`, run by :mod:`rkv.eval.sweep.cell_campaign`):
+  per-block outcome rates with 95 % Wilson intervals next to the analytic P(DUE) and P(SDC)
+  of the same settings;
 * **quality**: SmolLM2-135M (weights 4-bit Q4_1) scores ``scored`` tokens after a
   ``prefix`` whose KV went through rkv with the cell's bits, code and faults
   (:class:`rkv.eval.quality.RkvRoundTrip`): perplexity, KL and top-1 agreement against the untouched
@@ -18,7 +19,6 @@ worker loads SmolLM2 once, not per cell).
 
 from __future__ import annotations
 
-import math
 import shutil
 import statistics
 import subprocess
@@ -31,16 +31,14 @@ from typing import Any
 
 import numpy as np
 
+from rkv.eval.sweep.cell_campaign import finite, reliability, sub_seed
+from rkv.eval.sweep.planned import PlannedRoundTrip, engine_config, smollm2_fp16
+from rkv.eval.sweep.planned import reliability as planned_reliability
 from rkv.eval.sweep.spec import campaign_kwargs, effective_code
 
 # SmolLM2-135M's KV shape: what cost cells store.
 SMOLLM2_SHAPE = {"n_layers": 30, "n_kv_heads": 3, "head_dim": 64}
 RAW_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 2      # K and V, fp16
-
-def finite(x: float) -> float | None:
-    """JSON rows hold finite numbers only: inf and nan (a blown-up model output, or no
-    interval from one window) are null."""
-    return float(x) if math.isfinite(x) else None
 
 
 def interval(ci: Any) -> dict[str, float | None]:
@@ -61,29 +59,6 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return rkv.__version__
     return f"{rkv.__version__}+g{commit}" if commit else rkv.__version__
-
-
-def _sub_seed(seed: int, *path: int) -> int:
-    return int(np.random.SeedSequence([seed, *path]).generate_state(1, np.uint64)[0] >> 1)
-
-
-# -- reliability -----------------------------------------------------------------------------
-def reliability(cell: Mapping[str, Any]) -> dict[str, Any]:
-    """The cell's fault campaign (one worker: the sweep parallelises over cells)."""
-    from rkv.eval.faults.campaign import CampaignConfig, run_campaign
-
-    s = run_campaign(CampaignConfig(**campaign_kwargs(cell)))
-    p = s.prediction
-    return {
-        "blocks": s.blocks, "trials": s.trials, "sampling": s.sampling,
-        "p_any_error": s.p_any_error,
-        # lo <= rate <= hi exactly: Wilson's bound at k = n can round to just below it.
-        "rates": {o: {"n": int(s.counts[o]), "rate": r, "lo": min(lo, r), "hi": max(hi, r)}
-                  for o, (r, lo, hi) in s.rates.items()},
-        "analytic": {"p_due": finite(p.p_due), "p_sdc": finite(p.p_sdc),
-                     "p_corrected": finite(p.p_corrected),
-                     "p_degraded": finite(p.p_degraded)},
-    }
 
 
 # -- quality ---------------------------------------------------------------------------------
@@ -138,8 +113,6 @@ def _transform(cell: Mapping[str, Any]) -> Callable[..., Any]:
     from rkv.eval.quality import RkvRoundTrip, raw_model_faults
 
     if cell["placement"] is not None:
-        from rkv.eval.sweep.planned import PlannedRoundTrip
-
         return PlannedRoundTrip(cell)
 
     fm = {"preset": cell["preset"], **cell["params"]}
@@ -186,7 +159,7 @@ def cost(cell: Mapping[str, Any]) -> dict[str, Any]:
     c = cell["settings"]["cost"]
     chunk = cell["layout"]["chunk_tokens"]
     n = c["chunks"] * chunk
-    rng = np.random.default_rng(_sub_seed(cell["seed"], 2))
+    rng = np.random.default_rng(sub_seed(cell["seed"], 2))
     kv = rng.standard_normal((SMOLLM2_SHAPE["n_layers"], 2, n, 3, 64)).astype(np.float16)
     raw = kv.nbytes
     if cell["code"] == "raw":
@@ -195,8 +168,6 @@ def cost(cell: Mapping[str, Any]) -> dict[str, Any]:
                 "put_gbps": None, "get_gbps": None}
     root = Path(tempfile.mkdtemp(prefix="rkv-sweep-cost-"))
     if cell["placement"] is not None:
-        from rkv.eval.sweep.planned import engine_config, smollm2_fp16
-
         cfg = engine_config(cell, root / "planned")
         spec = smollm2_fp16()              # the profile's model: its plan applies
     else:
@@ -233,9 +204,7 @@ def cost(cell: Mapping[str, Any]) -> dict[str, Any]:
 
 def _reliability(cell: Mapping[str, Any]) -> dict[str, Any]:
     if cell["placement"] is not None:
-        from rkv.eval.sweep.planned import reliability as planned
-
-        return planned(cell)
+        return planned_reliability(cell)
     return reliability(cell)
 
 

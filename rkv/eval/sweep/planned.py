@@ -6,14 +6,16 @@ cell's preset with its parameters, accelerated by its ``ber_multiplier``
 (:func:`faultmodels.accelerate`): the planner sees the same rates the cell injects. The
 ``[placement]`` table is the engine's (docs/placement.md); the sweep fills ``profile``
 (``smollm2-135m``), ``estimate = false`` and ``residency_hours`` (the cell's ``hours``) when
-the table leaves them out, so the cell's key names everything its plan depends on.
+the table leaves them out (:func:`rkv.eval.sweep.spec.placement_table`), so the cell's key
+names everything its plan depends on.
 
 * **reliability**: a put of ``reliability.chunks`` chunks is planned and written by the engine;
   its records are grouped by their (bits, code) as stored (read from the record headers); each
-  group runs the ordinary cell campaign of that (bits, code) through the real read path, and
-  the store's per-block rates are the block-weighted mixture. Intervals combine the groups'
-  Wilson intervals by MOVER (Zou & Donner 2008, "Construction of confidence limits about
-  effect measures"), which reduces to the Wilson interval for one group.
+  group runs the ordinary cell campaign of that (bits, code) through the real read path
+  (:mod:`rkv.eval.sweep.cell_campaign`), and the store's per-block rates are the
+  block-weighted mixture. Intervals combine the groups' Wilson intervals by MOVER (Zou &
+  Donner 2008, "Construction of confidence limits about effect measures"), which reduces to
+  the Wilson interval for one group.
 * **quality**: every window's prefix is put through a planned engine (the real write path:
   the plan of that put) and read back under the cell's faults (:class:`PlannedRoundTrip`).
 * **cost**: the cost put of :func:`rkv.eval.sweep.cells.cost` with the planned engine.
@@ -32,13 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from rkv.eval.sweep.cell_campaign import finite, sub_seed
+from rkv.eval.sweep.cell_campaign import reliability as class_reliability
 from rkv.format.model import ModelSpec
 from rkv.store.config import EngineConfig, TierConfig
 
-#: What a planned cell's placement table gets when it leaves a key out.
-PLACEMENT_DEFAULTS: dict[str, Any] = {"profile": "smollm2-135m", "estimate": False}
-#: Chunks of the put whose (bits, code) mix a planned cell's campaigns weigh, by default.
-PLANNED_CHUNKS = 2
 OUTCOMES = ("clean", "masked", "corrected", "degraded", "due", "sdc")
 
 
@@ -47,11 +47,6 @@ def smollm2_fp16() -> ModelSpec:
     from rkv.eval.quality import SMOLLM2_ID
 
     return ModelSpec(SMOLLM2_ID, n_layers=30, n_kv_heads=3, head_dim=64, dtype="float16")
-
-
-def placement_table(placement: Mapping[str, Any], hours: float) -> dict[str, Any]:
-    """A cell's placement table with the sweep's defaults filled in."""
-    return {**PLACEMENT_DEFAULTS, "residency_hours": float(hours), **placement}
 
 
 def fault_model(cell: Mapping[str, Any]) -> Any:
@@ -130,17 +125,14 @@ def mover(parts: list[tuple[float, float, float, float]]) -> tuple[float, float,
 
 def reliability(cell: Mapping[str, Any]) -> dict[str, Any]:
     """The planned store's per-block outcome rates (see the module docstring)."""
-    from rkv.eval.sweep.cells import _sub_seed, finite
-    from rkv.eval.sweep.cells import reliability as class_reliability
-
     rel = cell["settings"]["reliability"]
-    classes = plan_classes(cell, rel["chunks"], _sub_seed(cell["seed"], 3))
+    classes = plan_classes(cell, rel["chunks"], sub_seed(cell["seed"], 3))
     total = sum(classes.values())
     rows = []
     for i, ((bits, code), n) in enumerate(sorted(classes.items())):
         sub = {**cell, "bits": bits, "code": code, "placement": None,
                "layout": {**cell["layout"], "planes": None},
-               "seed": _sub_seed(cell["seed"], 4, i)}
+               "seed": sub_seed(cell["seed"], 4, i)}
         rows.append((n / total, bits, code, n, class_reliability(sub)))
     rates = {}
     for o in OUTCOMES:

@@ -16,13 +16,27 @@ that tier, so that every setting stays comparable.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rkv.errors import InputError
+from rkv.eval.sweep.report_fmt import (
+    CHECKSUM_ONLY,
+    MODEL_NOTE,
+    OBJECTIVES,
+    fmt_interval,
+    fmt_num,
+    fmt_rate,
+    label,
+    objectives,
+    tiers,
+    used_objectives,
+    varying,
+)
+from rkv.eval.sweep.report_md import markdown
+from rkv.eval.sweep.report_plot import NO_MATPLOTLIB, have_matplotlib, plot_all
 from rkv.eval.sweep.report_rows import (
     Interval,
     Rate,
@@ -38,37 +52,14 @@ __all__ = ["OBJECTIVES", "Report", "ResultsError", "TornLineWarning", "front_row
            "load_rows", "objectives", "pareto", "pareto_settings", "settings", "summary",
            "write_report"]
 
-OBJECTIVES = ("overhead", "kl", "sdc", "due")
-TIER_ORDER = ("dram", "cxl", "nvme")
 #: Quality loss below which a setting counts as "as good as the unmodified cache" in summaries.
 MAX_KL = 0.01
-MODEL_NOTE = "SmolLM2-135M, whose weights are 4-bit (Q4_1)"
-_CHECKSUM_ONLY = ("none", "xxh3", "crc32c")
 
 
 def _rate_mode(rate: str) -> str:
     if rate not in ("hi", "point"):
         raise InputError(f"rate must be 'hi' (95 % upper bound) or 'point', not {rate!r}")
     return rate
-
-
-def objectives(s: Setting, rate: str = "hi") -> dict[str, float | None]:
-    """The setting's objective values (``None``: not measured)."""
-    return {"overhead": s.overhead, "kl": s.kl.mean if s.kl else None,
-            "sdc": s.sdc.bound(rate) if s.sdc else None,
-            "due": s.due.bound(rate) if s.due else None}
-
-
-def tiers(sets: Iterable[Setting]) -> list[str]:
-    """Tier names, the default tiers first in their stacking order."""
-    names = {s.tier for s in sets}
-    return [t for t in TIER_ORDER if t in names] + sorted(names - set(TIER_ORDER))
-
-
-def used_objectives(sets: Sequence[Setting], rate: str = "hi") -> tuple[str, ...]:
-    """The objectives every one of ``sets`` has."""
-    objs = [objectives(s, rate) for s in sets]
-    return tuple(o for o in OBJECTIVES if all(v[o] is not None for v in objs))
 
 
 def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -103,76 +94,6 @@ def pareto(rows: Sequence[Mapping[str, Any]], *, rate: str = "hi") -> list[dict[
     sets = settings(rows)
     return [setting_dict(s, rate, varying(sets, s.tier))
             for s in pareto_settings(sets, rate)]
-
-
-# -- labels ---------------------------------------------------------------------------------------
-def short_code(code: str) -> str:
-    """``rs(255,223)`` -> ``rs223``, ``bch(m=13,t=40)`` -> ``bch40``, ``none`` -> ``chk``."""
-    c = code.replace(" ", "")
-    if c in _CHECKSUM_ONLY:
-        return "chk" if c == "none" else c
-    m = re.fullmatch(r"rs\((\d+),(\d+)\)", c)
-    if m:
-        return f"rs{m.group(2)}" if m.group(1) == "255" else f"rs{m.group(1)}/{m.group(2)}"
-    m = re.fullmatch(r"bch\((?:m=)?\d+,(?:t=)?(\d+)\)", c)
-    if m:
-        return f"bch{m.group(1)}"
-    m = re.fullmatch(r"shardrs\((?:k=)?(\d+),(?:m=)?(\d+)\)", c)
-    if m:
-        return f"shard{m.group(1)}+{m.group(2)}"
-    return c if len(c) <= 14 else c[:13] + "…"
-
-
-_FIXED = ("tier", "bits", "code", "metrics", "settings")
-
-
-def varying(sets: Sequence[Setting], tier: str) -> tuple[str, ...]:
-    """Config keys besides bits and code whose value differs between settings of ``tier``."""
-    group = [s for s in sets if s.tier == tier]
-    keys = sorted({k for s in group for k in s.config} - set(_FIXED))
-    return tuple(k for k in keys if len({repr(s.config.get(k)) for s in group}) > 1)
-
-
-def _compact(v: Any) -> str:
-    if isinstance(v, dict):
-        return ",".join(f"{k}={_compact(x)}" for k, x in sorted(v.items()))
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
-
-
-def label(s: Setting, extra: Sequence[str] = ()) -> str:
-    """``4b rs223`` plus the varying axes, e.g. ``4b rs223 ber_multiplier=100``."""
-    text = "planned" if s.bits is None else f"{s.bits}b {short_code(s.code)}"
-    for k in extra:
-        text += f" {k}={_compact(s.config.get(k))}"[:32]
-    return text
-
-
-# -- numbers as text ------------------------------------------------------------------------------
-def fmt_num(x: float | None, digits: int = 3) -> str:
-    if x is None:
-        return "–"
-    if math.isinf(x):
-        return "undefined"
-    return "0" if x == 0 else f"{x:.{digits}g}"
-
-
-def fmt_interval(iv: Interval | None, digits: int = 3) -> str:
-    if iv is None:
-        return "–"
-    if math.isinf(iv.mean):
-        return "undefined"
-    return f"{fmt_num(iv.mean, digits)} [{fmt_num(iv.lo, 2)}, {fmt_num(iv.hi, 2)}]"
-
-
-def fmt_rate(r: Rate | None) -> str:
-    """``0/6400 (<= 5.7e-04)`` when none seen, else ``rate [lo, hi]``."""
-    if r is None:
-        return "–"
-    if r.n == 0:
-        return f"0/{r.total} (≤ {r.hi:.2g})"
-    return f"{r.rate:.2g} [{r.lo:.2g}, {r.hi:.2g}] ({r.n}/{r.total})"
 
 
 def setting_dict(s: Setting, rate: str = "hi", extra: Sequence[str] = ()) -> dict[str, Any]:
@@ -219,7 +140,7 @@ def _unprotected(group: Sequence[Setting]) -> list[str]:
         if worst.kl is not None:
             text += f", KL {fmt_interval(worst.kl, 2)}"
         return [text]
-    chk = [s for s in group if s.code.replace(" ", "") in _CHECKSUM_ONLY and s.due]
+    chk = [s for s in group if s.code.replace(" ", "") in CHECKSUM_ONLY and s.due]
     if not chk:
         return []
     worst = max(chk, key=lambda s: s.due.rate if s.due else 0.0)
@@ -329,20 +250,20 @@ def front_table(rows: Sequence[Mapping[str, Any]], fmt: str = "text", rate: str 
 # -- the report ---------------------------------------------------------------------------------
 @dataclass
 class Report:
-    """What :func:`write_report` wrote."""
+    """What :func:`write_report` wrote; ``note`` says why it drew no figures (empty when
+    it drew them)."""
 
     markdown: Path
     figures: list[Path] = field(default_factory=list)
     summary: str = ""
+    note: str = ""
 
 
 def write_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *,
                  formats: Sequence[str] = ("png", "svg"), rate: str = "hi",
                  max_kl: float = MAX_KL) -> Report:
-    """Write ``report.md`` and the figures (``pareto.*``, ``reliability.*``) to ``out_dir``."""
-    from rkv.eval.sweep.report_md import markdown
-    from rkv.eval.sweep.report_plot import plot_all
-
+    """Write ``report.md`` and the figures (``pareto.*``, ``reliability.*``) to ``out_dir``;
+    without matplotlib, ``report.md`` only (the report's ``note`` says how to get them)."""
     _rate_mode(rate)
     if not rows:
         raise InputError("no result rows to report on")
@@ -353,8 +274,10 @@ def write_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *,
     out.mkdir(parents=True, exist_ok=True)
     sets = settings(rows)
     front = pareto_settings(sets, rate)
-    figures = plot_all(sets, {s.key for s in front}, out, formats, rate)
+    drawn = have_matplotlib()
+    figures = plot_all(sets, {s.key for s in front}, out, formats, rate) if drawn else []
+    note = "" if drawn else NO_MATPLOTLIB
     text = summary(rows, max_kl=max_kl)
     md = out / "report.md"
-    md.write_text(markdown(rows, sets, front, figures, out, rate, text), encoding="utf-8")
-    return Report(md, figures, text)
+    md.write_text(markdown(rows, sets, front, figures, out, rate, text, note), encoding="utf-8")
+    return Report(md, figures, text, note)

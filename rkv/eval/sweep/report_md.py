@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rkv.eval.sweep.report import (
+from rkv.eval.sweep.report_fmt import (
     MODEL_NOTE,
     fmt_interval,
     fmt_num,
@@ -59,7 +59,8 @@ def _rel(path: Path, base: Path) -> str:
 
 def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
              front_list: Sequence[Setting], figures: Sequence[Path], out: Path, rate: str,
-             summary_text: str) -> str:
+             summary_text: str, figures_note: str = "") -> str:
+    """The report's markdown; ``figures_note`` says why ``figures`` is empty, if it is."""
     front = {s.key for s in front_list}
     sweeps = sorted({str(r["sweep"]) for r in rows})
     versions = sorted({str(r.get("version")) for r in rows if r.get("version")})
@@ -95,6 +96,9 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
         f"storage overhead, KL, P(SDC) and P(DUE) and better on one; rates taken at their "
         f"{'95 % upper bound' if rate == 'hi' else 'point estimate'}.", "",
         "## Summary", "", "```text", summary_text, "```", ""]
+    if not figures and figures_note:
+        text += ["## Figures", "", f"{_cell(figures_note[0].upper() + figures_note[1:])}; "
+                 "then `rkv report RESULTS.jsonl` draws them.", ""]
     if figures:
         text += ["## Figures", ""]
         for f in figures:

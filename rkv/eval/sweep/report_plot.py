@@ -3,7 +3,9 @@ and unreliability against storage overhead; one panel per tier.
 
 Rates of zero cannot go on a log scale, and a zero seen in a few thousand blocks is not zero:
 such a point is drawn at its 95 % upper bound with an open marker. matplotlib is imported
-here only (Agg backend), so that the rest of the report works where it is not installed.
+here only (Agg backend), so that the rest of the report works where it is not installed: it
+is an extra (``rkv[plots]``), and without it ``rkv report`` writes ``report.md`` and says
+how to get the figures (:data:`NO_MATPLOTLIB`).
 """
 
 from __future__ import annotations
@@ -14,17 +16,28 @@ from pathlib import Path
 from typing import Any
 
 from rkv.errors import ConfigError
-from rkv.eval.sweep.report import MODEL_NOTE, label, tiers, varying
+from rkv.eval.sweep.report_fmt import MODEL_NOTE, label, tiers, varying
 from rkv.eval.sweep.report_rows import Rate, Setting
 
 XLABEL = "storage overhead: stored bytes/token ÷ fp16 − 1"
+#: What the report says instead of drawing its figures when matplotlib is not installed.
+NO_MATPLOTLIB = "figures not drawn: matplotlib is not installed (pip install 'rkv[plots]')"
+
+
+def have_matplotlib() -> bool:
+    """Whether matplotlib can be imported (the ``plots`` extra is installed)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _plt() -> Any:
     try:
         import matplotlib
-    except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
-        raise ConfigError("rkv report needs matplotlib (pip install 'matplotlib>=3.8')") from exc
+    except ImportError as exc:   # write_report asks have_matplotlib first; other callers
+        raise ConfigError(NO_MATPLOTLIB) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

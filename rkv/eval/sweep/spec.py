@@ -6,14 +6,12 @@ multiplier x hours x bits x code x layout x placement x seed), filtered by ``inc
 depend on, so that :func:`cell_key` (a hash of that dict) identifies the result: a resumed or
 extended sweep runs only the cells whose key it has not seen.
 
-The structure is checked by pydantic models with ``extra="forbid"``: the file nests tables
-in lists in tables (axes, layouts, rules, per-preset parameters), which a declared model
-checks, with the path of a bad key, in far fewer lines than hand-written walks would. Value
-checks the models leave open go through :mod:`rkv.checks`, as in every other rkv config;
-what pydantic cannot know (codec specs, preset names and parameters, placement tables,
-combinations) is checked here. Every error is a :class:`~rkv.errors.ConfigError` naming the
-bad key, e.g. ``axes.bits[2]`` or ``params.nvme-tlc.pe_cylces``. The format is documented
-in docs/sweeps.md.
+The file's tables, keys and value types are checked by :mod:`rkv.eval.sweep.sweepfile`
+(through :mod:`rkv.checks`, as every other rkv config); what needs more than the file
+(codec specs, preset names and parameters, placement tables, rules, combinations) is checked
+here. Every error is a one-line :class:`~rkv.errors.ConfigError` naming the bad key, e.g.
+``axes.bits[2]`` or ``params.nvme-tlc.pe_cylces``. The format is documented in
+docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -27,17 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from rkv.checks import as_float, as_int
 from rkv.errors import ConfigError
-from rkv.eval.sweep.planned import PLANNED_CHUNKS, placement_table
+from rkv.eval.sweep.sweepfile import METRICS, TIERS, Layout, Scalar, SweepFile
 
-METRICS = ("reliability", "quality", "cost")
-TIERS = ("dram", "cxl", "nvme")
-TEXTS = ("topics", "docs")
 RULE_KEYS = ("tier", "preset", "params", "ber_multiplier", "hours", "bits", "code", "layout",
              "placement", "seed")
 BUILTIN = ("default",)          # sweep files shipped in the package (rkv/eval/sweep/NAME.toml)
@@ -45,96 +37,10 @@ BUILTIN = ("default",)          # sweep files shipped in the package (rkv/eval/s
 #: and a quality run, minutes each; the shipped sweep has 36. A product of long axes is
 #: refused before it is built.
 MAX_CELLS = 100_000
-
-Scalar = bool | int | float | str
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class Layout(_Strict):
-    """How a block is laid out: tokens per block (chunk) and, optionally, byte planes (the
-    axis code protects the values' high bytes, ``planes`` is the low plane's code)."""
-
-    chunk_tokens: int = Field(256, ge=16, le=4096)
-    planes: str | None = None
-
-
-class SweepSection(_Strict):
-    name: str = Field("sweep", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    description: str = ""
-    metrics: list[Literal["reliability", "quality", "cost"]] = Field(
-        default_factory=lambda: ["reliability", "quality", "cost"],  # type: ignore[arg-type]
-        min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    results: str = ""
-
-
-class Axes(_Strict):
-    tier: list[Literal["dram", "cxl", "nvme"]] | None = Field(None, min_length=1)
-    preset: list[str] | None = Field(None, min_length=1)
-    bits: list[Literal[16, 8, 4, 2]] = Field(default_factory=lambda: [16],  # type: ignore[arg-type]
-                                             min_length=1)
-    code: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
-    ber_multiplier: list[float] = Field(default_factory=lambda: [1.0], min_length=1)
-    hours: list[float] = Field(default_factory=lambda: [24.0], min_length=1)
-    layout: list[Layout] = Field(default_factory=lambda: [Layout(chunk_tokens=256)],
-                                 min_length=1)
-    placement: list[dict[str, Any]] = Field(default_factory=lambda: [dict[str, Any]()],
-                                            min_length=1)
-
-
-class ReliabilitySettings(_Strict):
-    trials: int = Field(20, ge=1)
-    blocks: int = Field(4, ge=1)
-    sampling: Literal["auto", "direct", "conditional"] = "auto"
-    # Planned cells only: chunks of the put whose (bits, code) mix weighs their campaigns
-    # (unset: 2; left out of unplanned cells' keys).
-    chunks: int | None = Field(None, ge=1, le=64)
-
-
-class QualitySettings(_Strict):
-    windows: int = Field(2, ge=1, le=64)           # per text source
-    text: list[Literal["topics", "docs"]] = Field(
-        default_factory=lambda: ["topics", "docs"], min_length=1)  # type: ignore[arg-type]
-    prefix: int = Field(256, ge=16)                # tokens whose KV goes through rkv
-    scored: int = Field(32, ge=2)                  # tokens scored after the prefix
-    threads: int = Field(1, ge=1, le=256)          # torch threads per worker
-
-
-class CostSettings(_Strict):
-    chunks: int = Field(4, ge=1)                   # chunks of one put (SmolLM2-shaped KV)
-    repeats: int = Field(3, ge=1)                  # put/get repeats; the median is kept
-
-
-class SweepFile(_Strict):
-    sweep: SweepSection = Field(default_factory=SweepSection)  # type: ignore[arg-type]
-    axes: Axes = Field(default_factory=Axes)  # type: ignore[arg-type]
-    params: dict[str, dict[str, Scalar | list[Scalar]]] = Field(default_factory=dict)
-    reliability: ReliabilitySettings = Field(
-        default_factory=ReliabilitySettings)  # type: ignore[arg-type]
-    quality: QualitySettings = Field(default_factory=QualitySettings)  # type: ignore[arg-type]
-    cost: CostSettings = Field(default_factory=CostSettings)  # type: ignore[arg-type]
-    include: list[dict[str, Any]] = Field(default_factory=list)
-    exclude: list[dict[str, Any]] = Field(default_factory=list)
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _pydantic_error(exc: ValidationError, source: str) -> ConfigError:
-    err = exc.errors()[0]
-    where = _loc(tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p)))
-    if err["type"] == "extra_forbidden":
-        return ConfigError(f"{source}: unknown key {where}")
-    if err["type"] == "missing":
-        return ConfigError(f"{source}: {where} is required")
-    return ConfigError(f"{source}: {where}: {err['msg']} (got {err.get('input')!r})")
+#: What a planned cell's placement table gets when it leaves a key out (see placement_table).
+PLACEMENT_DEFAULTS: dict[str, Any] = {"profile": "smollm2-135m", "estimate": False}
+#: Chunks of the put whose (bits, code) mix a planned cell's campaigns weigh, by default.
+PLANNED_CHUNKS = 2
 
 
 # -- cells -----------------------------------------------------------------------------------
@@ -185,6 +91,13 @@ def effective_code(code: str, layout: Mapping[str, Any]) -> str:
     if low is None or code == "raw":
         return code
     return f"planes(high={code},low={low},tolerant=1)"
+
+
+def placement_table(placement: Mapping[str, Any], hours: float) -> dict[str, Any]:
+    """A planned cell's placement table with the sweep's defaults filled in (its
+    ``residency_hours`` is the cell's ``hours``), so that the cell's key names everything
+    its plan depends on."""
+    return {**PLACEMENT_DEFAULTS, "residency_hours": float(hours), **placement}
 
 
 def campaign_kwargs(cell: Mapping[str, Any]) -> dict[str, Any]:
@@ -315,13 +228,14 @@ def _check_count(n: int, what: str) -> None:
 def _settings(f: SweepFile, metrics: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "reliability" in metrics:
-        out["reliability"] = f.reliability.model_dump(exclude_none=True)
+        out["reliability"] = {k: v for k, v in dataclasses.asdict(f.reliability).items()
+                              if v is not None}
     if "quality" in metrics:
-        q = f.quality.model_dump()
+        q = dataclasses.asdict(f.quality)
         q["text_digest"] = text_digest(q["text"])
         out["quality"] = q
     if "cost" in metrics:
-        out["cost"] = f.cost.model_dump()
+        out["cost"] = dataclasses.asdict(f.cost)
     return out
 
 
@@ -344,16 +258,10 @@ def expand(f: SweepFile, source: str = "<sweep>") -> list[dict[str, Any]]:
     for i, lay in enumerate(ax.layout):
         if lay.planes is not None:
             _check_code(lay.planes, f"axes.layout[{i}].planes")
-    for i, v in enumerate(ax.ber_multiplier):
-        as_float(v, f"axes.ber_multiplier[{i}]", lo=0, lo_open=True)
-    for i, v in enumerate(ax.hours):
-        as_float(v, f"axes.hours[{i}]", lo=0)
     if any(m != 1.0 for m in ax.ber_multiplier) and not ber_multiplier_supported():
         raise ConfigError("axes.ber_multiplier: this rkv's campaigns have no ber_multiplier "
                           "yet; use [1.0] (or accelerate through "
                           "[params.<preset>], e.g. fit_multiplier or device_ecc)")
-    for i, seed in enumerate(f.sweep.seeds):
-        as_int(seed, f"sweep.seeds[{i}]", lo=0)
     placements: list[dict[str, Any] | None] = []
     for i, p in enumerate(ax.placement):
         placements.append(_check_placement(p, f"axes.placement[{i}]"))
@@ -416,7 +324,7 @@ def lay_dict(layout: Layout) -> dict[str, Any]:
 
 def _check_placement(p: dict[str, Any], where: str) -> dict[str, Any] | None:
     """A placement table, validated as the engine's ``[placement]`` (with the sweep's
-    defaults, :func:`rkv.eval.sweep.planned.placement_table`); empty means none."""
+    defaults, :func:`placement_table`); empty means none."""
     if not p:
         return None
     from rkv.placement import PlacementConfig
@@ -462,10 +370,7 @@ def _check_cell(cell: dict[str, Any]) -> None:
 def parse_sweep(data: Mapping[str, Any], source: str = "<sweep>",
                 base: Path | None = None) -> Sweep:
     """Validate a parsed sweep file and expand its cells."""
-    try:
-        f = SweepFile.model_validate(dict(data))
-    except ValidationError as exc:
-        raise _pydantic_error(exc, source) from exc
+    f = SweepFile.from_dict(data, source)
     cells = expand(f, source)
     results = Path(f.sweep.results) if f.sweep.results else (
         Path("sweep-results") / f.sweep.name / "results.jsonl")
