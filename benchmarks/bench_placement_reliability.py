@@ -16,12 +16,12 @@ import numpy as np
 from bench_placement_quality import BITS, CHUNK, PREFIX, PROFILE, engine_config, spec, stored
 
 from rkv import Engine, TierConfig
-from rkv.eval.faults.injection import FaultyTier
 from rkv.eval.faults.planned import BlockPrediction, compare, predicted_totals, run_planned_campaign
 from rkv.placement import DEFAULT_CODES
 from rkv.placement.budget import uniform_codes, weakest_uniform
 from rkv.placement.options import data_bytes, record_bytes, resolve_model
 from rkv.store.plans import EnginePlacement
+from rkv.tiers.faulty import FaultyTier
 
 HOURS = 24.0
 TARGET = 1e-9

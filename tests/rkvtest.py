@@ -12,7 +12,7 @@ import pytest
 from hypothesis import strategies as st
 
 from rkv import EngineConfig, ModelSpec, TierConfig
-from rkv.tiers import Tier
+from rkv.tiers import Tier, TierWrapper
 
 SMALL = ModelSpec("test/small", n_layers=3, n_kv_heads=2, head_dim=4, dtype="float16")
 
@@ -50,19 +50,15 @@ def random_kv(spec: ModelSpec, n: int, seed: int = 0) -> np.ndarray:
 
 
 
-class HeldTier(Tier):
-    """Delegates to a tier; a read waits until ``release`` is set, so a test holds a race
-    window open deterministically. ``armed`` (when not None) limits that to the first read
-    of each key in it; ``reading`` is set when a read is being held."""
+class HeldTier(TierWrapper):
+    """Wraps a tier; a read waits until ``release`` is set, so a test holds a race window
+    open deterministically. ``armed`` (when not None) limits that to the first read of each
+    key in it; ``reading`` is set when a read is being held. ``get`` is never held."""
 
     def __init__(self, inner: Tier) -> None:
-        self.inner, self.spec = inner, inner.spec
+        super().__init__(inner)
         self.armed: set[bytes] | None = None
         self.reading, self.release = threading.Event(), threading.Event()
-
-    @property
-    def store_id(self) -> str:
-        return self.inner.store_id
 
     def _hold(self, key: bytes) -> None:
         if self.armed is None or key in self.armed:
@@ -88,24 +84,6 @@ class HeldTier(Tier):
 
     def get(self, key: bytes) -> Any:
         return self.inner.get(key)
-
-    def put_many(self, items: Any, *, reserve: int = 0) -> None:
-        self.inner.put_many(items, reserve=reserve)
-
-    def delete_many(self, keys: Any) -> int:
-        return self.inner.delete_many(keys)
-
-    def iter_keys(self) -> Iterator[bytes]:
-        return self.inner.iter_keys()
-
-    def clear(self) -> None:
-        self.inner.clear()
-
-    def stats(self) -> dict[str, Any]:
-        return self.inner.stats()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @st.composite

@@ -15,10 +15,10 @@ from rkvtest import SMALL, local_config, random_kv
 from faultmodels import ErrorPattern
 from rkv import Engine
 from rkv.errors import ShapeError
-from rkv.eval.faults.injection import FaultyTier
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.store.results import MISSING, OK, UNCORRECTABLE
 from rkv.store.streaming import Workers
+from rkv.tiers.faulty import FaultyTier
 
 CLOCK = 1_700_000_000_000_000_000
 

@@ -53,7 +53,7 @@ class ConnectorSettings:
       a name from :data:`rkv.adapters.vllm_layout.LAYOUTS`.
     - ``salt``: any string, part of every key (a new salt is a new key space).
     - ``faults``: a list of ``{"tier", "model", "hours", "seed"}`` dicts: reads of that tier
-      go through :class:`rkv.eval.faults.injection.FaultyTier` with errors drawn from the fault
+      go through :class:`rkv.tiers.faulty.FaultyTier` with errors drawn from the fault
       model (a preset name or a dict for ``faultmodels.get_model``) for ``hours`` of age.
     - ``stats_file``: a JSON file the connector rewrites with its counters (the worker's;
       the scheduler's at ``<stats_file>.scheduler``).

@@ -328,7 +328,7 @@ def _wrap_faults(engine: Engine, f: dict[str, Any]) -> Any:
     import numpy as np
 
     import faultmodels
-    from rkv.eval.faults.injection import FaultyTier
+    from rkv.tiers.faulty import FaultyTier
 
     model = faultmodels.get_model(f["model"])
     hours = float(f.get("hours", 1.0))

@@ -3,7 +3,7 @@
 The same prompt's KV is stored twice on the CXL tier's configuration: by rkv (header,
 Reed-Solomon code, end-to-end checksum) and by raw storage (the bare values, as peers keep
 them). The same bursts of flipped bits are then written into both stores' records through
-the fault-injection tier wrapper (:class:`rkv.eval.faults.injection.FaultyTier`, via
+the fault-injection tier wrapper (:class:`rkv.tiers.faulty.FaultyTier`, via
 :class:`rkv.eval.faults.harness.Harness`), and both are read back through their real read paths:
 rkv corrects the small burst and reports the large one (its chunk is recomputed), while raw
 storage returns wrong values without a sign.

@@ -238,7 +238,8 @@ class Engine:
 
     def wrap_tier(self, name: str, wrap: Callable[[Tier], Tier]) -> Tier:
         """Replace tier ``name`` by ``wrap(tier)`` (e.g. a fault-injecting or logging tier
-        around it); returns the wrapper. The wrapper must implement :class:`Tier`."""
+        around it); returns the wrapper. The wrapper must implement :class:`Tier`
+        (:class:`rkv.tiers.wrapper.TierWrapper` forwards it all to the tier it wraps)."""
         self.core.check()
         if name not in self.core.tiers:
             raise ConfigError(f"no tier named {name!r}")

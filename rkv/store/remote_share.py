@@ -51,6 +51,7 @@ from rkv.store.results import MISSING, UNCORRECTABLE, BlockLog
 from rkv.store.storemix import stages_label
 from rkv.store.txn import Pending
 from rkv.tiers.base import Tier
+from rkv.tiers.wrapper import unwrap
 
 log = logging.getLogger("rkv")
 
@@ -67,12 +68,7 @@ def remote_of(tier: Tier) -> RedisTier | None:
     """The Redis tier under ``tier`` and its wrappers (None: not a remote tier)."""
     from rkv.tiers.redis_tier import RedisTier
 
-    while not isinstance(tier, RedisTier):
-        inner = getattr(tier, "inner", None)
-        if not isinstance(inner, Tier):
-            return None
-        tier = inner
-    return tier
+    return unwrap(tier, RedisTier)
 
 
 class RemoteShare:

@@ -7,8 +7,10 @@ from rkv.errors import CorruptStoreError, ReadOnlyStoreError, StoreError
 from rkv.tiers.base import Tier, TierReader, TierSpec
 from rkv.tiers.lmdb_tier import LmdbTier
 from rkv.tiers.unavailable import UnavailableTier
+from rkv.tiers.wrapper import TierWrapper, unwrap
 
-__all__ = ["LmdbTier", "Tier", "TierReader", "TierSpec", "UnavailableTier", "open_tier"]
+__all__ = ["LmdbTier", "Tier", "TierReader", "TierSpec", "TierWrapper", "UnavailableTier",
+           "open_tier", "unwrap"]
 
 
 def open_tier(t: TierSpec, path: Path, readonly: bool) -> Tier:

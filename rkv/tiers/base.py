@@ -1,7 +1,9 @@
 """The tier interface: a byte store for records, keyed by block key.
 
 A tier knows nothing about records; the engine verifies what it reads. Wrappers (a
-fault-injecting tier, a logging tier) implement this same interface around another tier.
+fault-injecting tier, a logging tier) implement this same interface around another tier
+(:class:`rkv.tiers.wrapper.TierWrapper`). tests/tiers/test_tier_contract.py checks what every
+tier promises here.
 """
 
 from __future__ import annotations
@@ -128,4 +130,7 @@ class Tier(ABC):
         """Storage figures: records, bytes on the medium, map size."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the storage; closing again does nothing. Later calls raise
+        :class:`~rkv.errors.StoreClosedError` (a tier that could not be opened keeps raising
+        its own error)."""

@@ -12,9 +12,9 @@ from rkvtest import SMALL, local_config, random_kv
 
 from faultmodels import ErrorPattern
 from rkv import Engine, MediumError
-from rkv.eval.faults.injection import FaultyTier
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.record import decode_record
+from rkv.tiers.faulty import FaultyTier
 
 TOKENS = list(range(16))
 

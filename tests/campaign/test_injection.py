@@ -10,8 +10,8 @@ from rkvtest import SMALL, local_config, random_kv
 import faultmodels
 from faultmodels import ErrorPattern
 from rkv import Engine
-from rkv.eval.faults.injection import FaultyTier
 from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.tiers.faulty import FaultyTier
 
 
 def setup(path: Path) -> tuple[Engine, FaultyTier, list[int], np.ndarray, bytes]:

@@ -16,9 +16,10 @@ from moe_adapter_helpers import assert_same, low_bit, make_layers, tiers
 from faultmodels import ErrorPattern
 from rkv.adapters.moe import ApproximateExpert, ExpertLoadError, RkvExperts
 from rkv.errors import ChecksumError, MissingRecordError
-from rkv.eval.faults.injection import FaultyTier
 from rkv.format.record import framing_sizes
 from rkv.store.config import TierConfig
+from rkv.tiers.faulty import FaultyTier
+from rkv.tiers.wrapper import unwrap
 
 LAYERS = make_layers(2, 3, 5, 8, np.float16, seed=7)
 
@@ -162,7 +163,7 @@ def test_random_damage_never_returns_wrong_weights(tmp_path_factory: pytest.Temp
                                                    layer: int, expert: int, primary: object,
                                                    backup: object, low: object) -> None:
     p = _shared(tmp_path_factory)
-    inner = {n: getattr(t, "inner", t) for n, t in p.tiers.items()}
+    inner = {n: unwrap(t) for n, t in p.tiers.items()}
     for name, t in inner.items():
         p.tiers[name] = FaultyTier(t, seed=3)
     targets = [("cxl", p.record_key(layer, expert), primary),
@@ -212,7 +213,7 @@ def test_random_damage_within_capability_is_exact(tmp_path_factory: pytest.TempP
                                                   hits: list[tuple[int, int]]) -> None:
     """Up to 8 damaged bytes in one RS(255,239) codeword: always corrected, exactly."""
     p = _shared(tmp_path_factory)
-    inner = {n: getattr(t, "inner", t) for n, t in p.tiers.items()}
+    inner = {n: unwrap(t) for n, t in p.tiers.items()}
     ft = FaultyTier(inner["cxl"], seed=5)
     p.tiers["cxl"] = ft
     key = p.record_key(layer, expert)

@@ -25,10 +25,10 @@ from faultmodels import ErrorPattern  # noqa: E402
 from rkv.cli import main  # noqa: E402
 from rkv.cli import moe_run as runmod  # noqa: E402
 from rkv.errors import ConfigError, StoreError  # noqa: E402
-from rkv.eval.faults.injection import FaultyTier  # noqa: E402
 from rkv.moe.experts import ResidentExperts  # noqa: E402
 from rkv.moe.model import MoEModel  # noqa: E402
 from rkv.store.config import TierConfig  # noqa: E402
+from rkv.tiers.faulty import FaultyTier  # noqa: E402
 
 PROMPT = [5, 17, 3, 88, 42, 42, 7, 0, 63, 11]
 N = 12

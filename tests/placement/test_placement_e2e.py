@@ -14,7 +14,6 @@ import pytest
 from rkvtest import random_kv
 
 from rkv import Engine, EngineConfig, ModelSpec, TierConfig
-from rkv.eval.faults.injection import FaultyTier
 from rkv.eval.faults.planned import (
     BlockPrediction,
     compare,
@@ -33,6 +32,7 @@ from rkv.placement.budget import (
     weakest_uniform,
 )
 from rkv.placement.options import record_bytes
+from rkv.tiers.faulty import FaultyTier
 
 SPEC = ModelSpec("test/e2e", n_layers=4, n_kv_heads=2, head_dim=16, dtype="float16")
 

@@ -19,8 +19,8 @@ from rkvtest import SMALL, random_kv
 
 from rkv import Engine, EngineConfig, ModelSpec
 from rkv.errors import TierUnavailableError, TruncatedRecordError
-from rkv.eval.faults.injection import FaultyTier
 from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.tiers.faulty import FaultyTier
 
 TOKENS = list(range(64))
 BIG = ModelSpec("test/big", n_layers=4, n_kv_heads=8, head_dim=128, dtype="float16")

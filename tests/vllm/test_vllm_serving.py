@@ -85,8 +85,8 @@ def test_restart_serves_stored_prefixes_and_recomputes_a_corrupted_block(
         texts: tuple[list[int], list[int]]) -> None:
     from faultmodels import ErrorPattern
     from rkv import Engine
-    from rkv.eval.faults.injection import FaultyTier
     from rkv.format.keys import as_token_array, block_key, chunk_keys
+    from rkv.tiers.faulty import FaultyTier
 
     p1, p3 = texts
     store = work / "store-a-corrupt"

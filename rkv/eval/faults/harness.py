@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from rkv.errors import MediumError, RkvError
-from rkv.eval.faults.injection import FaultyTier, Injection
 from rkv.format.dtypes import numpy_dtype
 from rkv.format.keys import as_token_array, block_key, chunk_bounds, chunk_keys
 from rkv.format.model import ModelSpec
 from rkv.store.config import EngineConfig, TierConfig
 from rkv.store.engine import Engine
 from rkv.tiers import LmdbTier, TierSpec
+from rkv.tiers.faulty import FaultyTier, Injection
 
 __all__ = ["OUTCOMES", "Harness", "Readback", "kv_spec"]
 

@@ -1,7 +1,7 @@
 """A fault-injection campaign on a store written as planned (mixed bits and codes).
 
 :func:`run_planned_campaign` takes an engine whose tier is wrapped in a
-:class:`~rkv.eval.faults.injection.FaultyTier`, one stored prefix (its records written by the
+:class:`~rkv.tiers.faulty.FaultyTier`, one stored prefix (its records written by the
 engine as its placement plan said), and a fault model. Every trial restores the clean
 records, draws a pattern for every record from the model (seeded; persistent patterns are
 applied to the stored record, transient ones to its next read, as
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from rkv.eval.faults.injection import FaultyTier
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.store.results import CORRECTED, DEGRADED, MISSING, UNCORRECTABLE
+from rkv.tiers.faulty import FaultyTier
 
 OUTCOMES = ("clean", "masked", "corrected", "due", "sdc")
 

@@ -20,7 +20,7 @@ Every pattern is drawn from a generator seeded by the caller, and every injectio
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +29,7 @@ import numpy as np
 
 from rkv.errors import MediumError
 from rkv.tiers.base import Tier, TierReader
+from rkv.tiers.wrapper import TierWrapper
 
 
 def _ranges(erasures: Sequence[tuple[int, int, str]]) -> tuple[tuple[int, int], ...]:
@@ -98,7 +99,7 @@ class _FaultyReader:
         return buf.data
 
 
-class FaultyTier(Tier):
+class FaultyTier(TierWrapper):
     """Wraps a tier; corrupts its records persistently or on read, reproducibly.
 
     ``transient`` is a callable ``(key, nbytes) -> ErrorPattern | None`` consulted on every
@@ -110,10 +111,7 @@ class FaultyTier(Tier):
     def __init__(self, inner: Tier, *, seed: int = 0,
                  transient: Callable[[bytes, int], Any] | None = None,
                  report_erasures: bool = True) -> None:
-        self.inner = inner
-        self.spec = inner.spec
-        self.state = inner.state
-        self.damage = inner.damage
+        super().__init__(inner)
         self.rng = np.random.default_rng(seed)
         self._transient = transient
         self._one_shot: dict[bytes, Any] = {}
@@ -122,7 +120,6 @@ class FaultyTier(Tier):
         self.erased: dict[bytes, tuple[tuple[int, int], ...]] = {}
         self.report_erasures = report_erasures
         self.log: list[Injection] = []
-        self.shared = inner.shared
         #: Records whose next read returns only their first bytes (a partial read).
         self.partial: dict[bytes, int] = {}
 
@@ -164,17 +161,7 @@ class FaultyTier(Tier):
                                   tuple(pattern.erasures), bool(pattern.lost), True))
         return pattern
 
-    # -- the Tier interface, delegated --------------------------------------------------------
-    @property
-    def store_id(self) -> str:
-        return self.inner.store_id
-
-    def records(self) -> int:
-        return self.inner.records()
-
-    def ensure_checked(self) -> None:
-        self.inner.ensure_checked()
-
+    # -- what faults change in the tier interface (the rest is forwarded) -------------------
     @contextmanager
     def _reader(self) -> Iterator[_FaultyReader]:
         with self.inner.reader() as r:
@@ -189,15 +176,12 @@ class FaultyTier(Tier):
             self.lost.discard(k)
             self.erased.pop(k, None)
 
-    def delete_many(self, keys: Any) -> int:
+    def delete_many(self, keys: Iterable[bytes]) -> int:
         keys = list(keys)
         self.lost.difference_update(keys)
         for k in keys:
             self.erased.pop(k, None)
         return self.inner.delete_many(keys)
-
-    def iter_keys(self) -> Iterator[bytes]:
-        return self.inner.iter_keys()
 
     def clear(self) -> None:
         self.lost.clear()
@@ -207,6 +191,3 @@ class FaultyTier(Tier):
 
     def stats(self) -> dict[str, Any]:
         return {**self.inner.stats(), "injections": len(self.log)}
-
-    def close(self) -> None:
-        self.inner.close()
