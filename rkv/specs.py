@@ -1,7 +1,8 @@
 """One registry of named, configurable stages (codecs, quantizers) and their spec strings.
 
-A spec string is ``id`` or ``id(a, b, key=value)``: positional arguments are named by the
-class's ``positional`` tuple, integers are parsed, quotes stripped. ``Registry.get`` accepts a
+A spec string is ``id`` or ``id(a, b, key=value)``, in the grammar policies use too
+(:mod:`policies.spec`): positional arguments are named by the class's ``positional`` tuple,
+numbers and booleans are parsed, quotes stripped. ``Registry.get`` accepts a
 spec string, a config dict with an ``id``, or an instance (returned as is).
 """
 
@@ -12,45 +13,14 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
+from policies.spec import SpecError, parse_call
 from rkv.checks import as_int, as_table, one_of
 from rkv.checks import check_keys as check_keys_
 from rkv.errors import ConfigError
 
 T = TypeVar("T")
 
-_SPEC_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*$", re.DOTALL)
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_INT_RE = re.compile(r"^[+-]?\d+$")
-
-
-def _parse_value(text: str) -> Any:
-    text = text.strip()
-    if _INT_RE.match(text):
-        return int(text)
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
-
-
-def _split_top(body: str) -> list[str]:
-    """``body`` split at the commas outside parentheses, so that a parameter may itself be a
-    spec: ``planes(high=rs(255,223),low=none)``."""
-    parts: list[str] = []
-    depth = start = 0
-    for i, ch in enumerate(body):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth < 0:
-                raise ConfigError(f"unbalanced parentheses in {body!r}")
-        elif ch == "," and depth == 0:
-            parts.append(body[start:i])
-            start = i + 1
-    if depth:
-        raise ConfigError(f"unbalanced parentheses in {body!r}")
-    parts.append(body[start:])
-    return parts
 
 
 def _no_constants(name: str) -> Any:
@@ -173,40 +143,24 @@ class Registry(Generic[T]):
             ) from None
 
     def parse(self, spec: str) -> dict[str, Any]:
-        """Turn ``"id(a, b, key=value)"`` into a config dict."""
-        what = f"{self.what} spec {spec!r}"
-        m = _SPEC_RE.match(spec)
-        if m is None:
-            raise ConfigError(f"malformed {what}; expected e.g. {self.example!r}")
-        cid = m.group(1).lower()
-        positional: tuple[str, ...] = getattr(self.cls(cid), "positional", ())
-        cfg: dict[str, Any] = {"id": cid}
-        body = m.group(2)
-        if body is None or not body.strip():
-            return cfg
-        seen_kw = False
-        for pos, part in enumerate(_split_top(body)):
-            part = part.strip()
-            if not part:
-                raise ConfigError(f"empty argument in {what}")
-            if "=" in part:
-                key, _, val = part.partition("=")
-                key = key.strip()
-                if not _KEY_RE.match(key):
-                    raise ConfigError(f"bad parameter name {key!r} in {what}")
-                if key in cfg:
-                    raise ConfigError(f"parameter {key!r} given twice in {what}")
-                cfg[key] = _parse_value(val)
-                seen_kw = True
-            else:
-                if seen_kw:
-                    raise ConfigError(f"positional argument after keyword in {what}")
-                if pos >= len(positional):
-                    raise ConfigError(
-                        f"too many positional arguments in {what}; {cid} takes "
-                        f"{', '.join(positional) or 'none'}"
-                    )
-                cfg[positional[pos]] = _parse_value(part)
+        """Turn ``"id(a, b, key=value)"`` into a config dict (the grammar:
+        :mod:`policies.spec`); positional arguments are named by the class's ``positional``."""
+        what = f"{self.what} spec"
+        try:
+            call = parse_call(spec, what)
+        except SpecError as exc:
+            raise ConfigError(f"{exc}; expected e.g. {self.example!r}") from None
+        positional: tuple[str, ...] = getattr(self.cls(call.name), "positional", ())
+        if len(call.args) > len(positional):
+            raise ConfigError(
+                f"too many positional arguments in {what} {spec!r}; {call.name} takes "
+                f"{', '.join(positional) or 'none'}"
+            )
+        cfg: dict[str, Any] = {"id": call.name, **dict(zip(positional, call.args, strict=False))}
+        for key, val in call.kwargs.items():
+            if key in cfg:
+                raise ConfigError(f"parameter {key!r} given twice in {what} {spec!r}")
+            cfg[key] = val
         return cfg
 
     def get(self, spec: str | Mapping[str, Any] | T) -> T:

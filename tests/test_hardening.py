@@ -143,8 +143,8 @@ def test_index_never_lists_a_deleted_record_across_handles(tmp_path: Path) -> No
     with Engine.open(tmp_path / "s", local_config(16)) as a, Engine.open(tmp_path / "s") as b:
         a.put(t, skv(t), model=SMALL)
         a.hooks.update(b.hooks)
-        b.hooks = a.hooks
-        b._mutator.hooks = a.hooks
+        b.core.hooks = a.hooks
+        b.core.mutator.hooks = a.hooks
         _race(a, lambda: a.delete(t, model=SMALL),
               lambda: b.put(t, skv(t), model=SMALL))
         assert exact(a, t) and exact(b, t)

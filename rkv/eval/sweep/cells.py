@@ -153,8 +153,10 @@ def quality(cell: Mapping[str, Any]) -> dict[str, Any]:
 def cost(cell: Mapping[str, Any]) -> dict[str, Any]:
     """Stored bytes per token and put/get throughput (GB/s of fp16 KV, median of repeats)
     of a SmolLM2-shaped put in the cell's tier, bits and code."""
-    from rkv import Engine, EngineConfig, ModelSpec
     from rkv.eval.faults.campaign import CampaignConfig
+    from rkv.format.model import ModelSpec
+    from rkv.store.config import EngineConfig
+    from rkv.store.engine import Engine
 
     c = cell["settings"]["cost"]
     chunk = cell["layout"]["chunk_tokens"]
