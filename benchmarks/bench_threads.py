@@ -60,6 +60,7 @@ from rkv.codec.blockcodec import (
     read_blocks,
 )
 from rkv.codec.fastcheck import FastCheck
+from rkv.codec.pipeline import Pipeline
 from rkv.ecc import get_codec
 from rkv.ecc.base import Codec
 from rkv.format.model import ModelSpec
@@ -131,7 +132,7 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
     rs_bad = [damage(rs.encode(r), 1e-4, rng) for r in raw]
     assert all(rs.decode(b).status == "corrected" for b in rs_bad)
     recs = {name: [bytes(r) for r in encode_blocks(
-        [BlockToEncode(header(i), d, codec) for i, d in enumerate(data)])]
+        [BlockToEncode(header(i), d, Pipeline(None, codec)) for i, d in enumerate(data)])]
         for name, codec in (("raw", None), ("rs", rs))}
     rs_damaged = []
     for rec in recs["rs"]:
@@ -178,8 +179,8 @@ def stages(data: list[np.ndarray]) -> dict[str, tuple[Callable[[], Any], int]]:
                 assert not any(isinstance(x, BaseException) for x in res)
         return run
 
-    put_raw = [BlockToEncode(header(i), d, None) for i, d in enumerate(data)]
-    put_rs = [BlockToEncode(header(i), d, rs) for i, d in enumerate(data)]
+    put_raw = [BlockToEncode(header(i), d, Pipeline()) for i, d in enumerate(data)]
+    put_rs = [BlockToEncode(header(i), d, Pipeline(None, rs)) for i, d in enumerate(data)]
     return {
         "ceiling: compute-only kernel, ~100 us a block": (chunked(_spin, raw), total),
         "rs(255,239) encode": (chunked(rs.encode, raw), total),

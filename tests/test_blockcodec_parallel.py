@@ -22,6 +22,7 @@ from rkv.codec.blockcodec import (
     read_block,
     read_blocks,
 )
+from rkv.codec.pipeline import Pipeline
 from rkv.codec.stages import codec_for, quantizer_for
 from rkv.errors import IntegrityError
 from rkv.format.record import RecordHeader, decode_record
@@ -52,10 +53,10 @@ def test_encode_blocks_is_encode_block(code: str, quant: str) -> None:
         pytest.skip("byte planes do not follow a quantizer")
     codec, q = codec_for(code), quantizer_for(quant)
     data = _blocks(24, 1)
-    jobs = [BlockToEncode(_header(i), d, codec, q) for i, d in enumerate(data)]
+    jobs = [BlockToEncode(_header(i), d, Pipeline(q, codec)) for i, d in enumerate(data)]
     many = [bytes(r) for r in encode_blocks(jobs, threads=True)]
     parallel.configure(1)
-    one = [bytes(encode_block(j.header, j.data, j.codec, quant=j.quant)) for j in jobs]
+    one = [bytes(encode_block(j.header, j.data, j.pipe.codec, quant=j.pipe.quant)) for j in jobs]
     assert many == one
     # ... and the record format did not change: the whole payload built first, then framed.
     for j, rec in zip(jobs, one, strict=True):
@@ -70,8 +71,8 @@ def test_encode_blocks_is_encode_block(code: str, quant: str) -> None:
 def test_arena_records_are_the_same_and_reuse_memory() -> None:
     codec = codec_for("rs(255,239)")
     data = _blocks(20, 4)
-    jobs = [BlockToEncode(_header(i), d, codec) for i, d in enumerate(data)]
-    want = [bytes(encode_block(j.header, j.data, j.codec)) for j in jobs]
+    jobs = [BlockToEncode(_header(i), d, Pipeline(None, codec)) for i, d in enumerate(data)]
+    want = [bytes(encode_block(j.header, j.data, j.pipe.codec)) for j in jobs]
     arena = RecordArena()
     first = encode_blocks(jobs, arena)          # spills: the arena starts empty
     assert [bytes(r) for r in first] == want
@@ -173,7 +174,8 @@ def test_threads_only_for_compute_bound_blocks(monkeypatch: pytest.MonkeyPatch) 
     data = _blocks(4, 5)
     for code, want in (("none", False), ("shardrs(k=16,m=2)", False), ("rs(255,239)", True)):
         used.clear()
-        jobs = [BlockToEncode(_header(i), d, codec_for(code)) for i, d in enumerate(data)]
+        pipe = Pipeline(None, codec_for(code))
+        jobs = [BlockToEncode(_header(i), d, pipe) for i, d in enumerate(data)]
         recs = encode_blocks(jobs)
         assert used == ([True] if want else [])
         used.clear()

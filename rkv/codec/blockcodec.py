@@ -16,12 +16,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
 from rkv.buffers import as_u8
-from rkv.codec.pipeline import Pipeline
 from rkv.codec.stages import header_stages
 from rkv.errors import (
     ChecksumError,
@@ -47,16 +46,6 @@ if TYPE_CHECKING:
 
 def _configs(quant: Quantizer | None, codec: Codec | None) -> tuple[dict[str, Any], ...]:
     return tuple(s.get_config() for s in (quant, codec) if s is not None)
-
-
-def record_size(header: RecordHeader, nbytes: int, codec: Codec | None,
-                quant: Quantizer | None = None) -> int:
-    """Bytes of the record :func:`encode_block` makes for a block of ``nbytes``
-    (:class:`rkv.codec.pipeline.Pipeline` computes it)."""
-    p = Pipeline(quant, codec)
-    if quant is not None:
-        return p.record_bytes(header.shape, header.dtype)
-    return p.record_bytes_for(nbytes)
 
 
 def encode_block(header: RecordHeader, data: np.ndarray, codec: Codec | None,
@@ -209,13 +198,23 @@ def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
 
 
 # -- many blocks on the codec pool ------------------------------------------------------------
+class Stages(Protocol):
+    """What a block is encoded with: a quantizer then a code, either absent (``None``);
+    :class:`rkv.codec.pipeline.Pipeline` is the one implementation."""
+
+    @property
+    def quant(self) -> Quantizer | None: ...
+
+    @property
+    def codec(self) -> Codec | None: ...
+
+
 class BlockToEncode(NamedTuple):
-    """One block for :func:`encode_blocks`: the arguments of :func:`encode_block`."""
+    """One block for :func:`encode_blocks`: its header, values and pipeline."""
 
     header: RecordHeader
     data: np.ndarray
-    codec: Codec | None
-    quant: Quantizer | None = None
+    pipe: Stages
 
 
 class RecordArena:
@@ -270,7 +269,7 @@ def encode_blocks(blocks: Sequence[BlockToEncode], arena: RecordArena | None = N
     :func:`compute_bound`; True always; False never. A batch too small to pay for threads
     is encoded inline. Raises what the first failing block would raise."""
     if threads is None:
-        threads = any(compute_bound(b.codec, b.quant) for b in blocks)
+        threads = any(compute_bound(b.pipe.codec, b.pipe.quant) for b in blocks)
     if arena is not None:
         arena.start()
     one = partial(_encode_one, arena)
@@ -280,7 +279,7 @@ def encode_blocks(blocks: Sequence[BlockToEncode], arena: RecordArena | None = N
 
 
 def _encode_one(arena: RecordArena | None, b: BlockToEncode) -> Any:
-    return encode_block(b.header, b.data, b.codec, arena, b.quant)
+    return encode_block(b.header, b.data, b.pipe.codec, arena, b.pipe.quant)
 
 
 class BlockToRead(NamedTuple):

@@ -11,15 +11,17 @@ a stand-in header to learn a record's size.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rkv.codec.stages import codec_for, quantizer_for
+from rkv.codec.blockcodec import compute_bound, encode_block, reencode
+from rkv.codec.stages import codec_for, header_stages, quantizer_for
 from rkv.format.dtypes import numpy_dtype
-from rkv.format.record import PRELUDE_BYTES, RecordHeader, framing_sizes
+from rkv.format.record import PRELUDE_BYTES, DecodedRecord, RecordHeader, framing_sizes
 
 if TYPE_CHECKING:
     from rkv.ecc.base import Codec
@@ -80,6 +82,32 @@ class Pipeline:
         if self.quant.encoded_size(shape, dtype) < raw:
             return self
         return replace(self, quant=None)
+
+    @classmethod
+    def of_record(cls, header: RecordHeader) -> Pipeline:
+        """The pipeline a record was written with, from its header's codec list."""
+        return cls(*header_stages(header))
+
+    # -- what it does to a block -------------------------------------------------------------
+    @property
+    def compute_bound(self) -> bool:
+        """Whether encoding a block is compute-bound (threads pay): see
+        :func:`rkv.codec.blockcodec.compute_bound`."""
+        return compute_bound(self.codec, self.quant)
+
+    def encode(self, header: RecordHeader, data: np.ndarray,
+               alloc: Callable[[int], np.ndarray] | None = None) -> Any:
+        """The record of one block's values ``data``: quantized, then coded, framed under
+        ``header`` (its lengths, checksum and codec list filled in here); ``alloc`` gives
+        the record's memory (default: new)."""
+        return encode_block(header, data, self.codec, alloc, self.quant)
+
+    def reencode(self, record: Any, dec: DecodedRecord,
+                 erased: Sequence[tuple[int, int]] = (), written_ns: int | None = None) -> Any:
+        """``record`` (decoded as ``dec``) re-encoded with this pipeline's code, from its
+        verified and corrected data; its quantization is the record's own (fewer bits is a
+        re-quantization, not a re-encode). See :func:`rkv.codec.blockcodec.reencode`."""
+        return reencode(record, dec, self.codec, erased, written_ns)
 
     # -- sizes -----------------------------------------------------------------------------
     def data_bytes(self, shape: tuple[int, ...], dtype: str) -> int:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
-from rkv.codec.blockcodec import encode_block, read_block, reencode
+from rkv.codec.blockcodec import read_block, reencode
 from rkv.codec.pipeline import Pipeline
 from rkv.codec.stages import header_stages
 from rkv.errors import (
@@ -147,7 +147,7 @@ def encode_expert(fp: bytes, layer: int, expert: int, block: np.ndarray, dtype: 
                           fingerprint=fp, shape=tuple(block.shape), dtype=dtype,
                           data_len=0, payload_len=0, written_ns=time.time_ns())
     p = pipe.for_block(header.shape, dtype)
-    return encode_block(header, block, p.codec, quant=p.quant)
+    return p.encode(header, block)
 
 
 class Verified:

@@ -7,8 +7,9 @@ takes a :class:`StoreCore` instead, and touches only its public surface:
 * what the store is: ``root``, ``config``, ``identity``, ``readonly``;
 * where blocks live: ``index``, ``tiers`` (one dict, shared with the decision site, the read
   path and the mutator, so a wrapped tier is seen by all), ``order`` (top tier first);
-* how a tier protects a block: :meth:`pipeline` (its quantizer and code), ``placement`` (the
-  planner's per-block choices, or None);
+* how a tier protects a block: ``pipelines`` / :meth:`pipeline` (its quantizer, then its
+  code; ``codecs``: the code alone), ``placement`` (the planner's per-block choices, or
+  None);
 * who decides and who reads: ``decisions`` (the one decision site), ``reads``;
 * what the session counted: ``counters`` under ``lock``, through :meth:`count`;
 * the verbs: :meth:`check`, :meth:`prepare`, :meth:`mutate`, :meth:`touch`.
@@ -32,7 +33,6 @@ import numpy as np
 
 from rkv.codec.blockcodec import RecordArena
 from rkv.codec.pipeline import Pipeline
-from rkv.codec.stages import codec_for, quantizer_for
 from rkv.errors import ReadOnlyStoreError, StoreClosedError
 from rkv.format.keys import as_token_array, chunk_keys
 from rkv.format.model import ModelSpec, as_model_spec
@@ -109,8 +109,10 @@ class StoreCore:
         self.index = index
         self.tiers = tiers
         self.order = [t.name for t in config.tiers]
-        self.codecs = {t.name: codec_for(t.ecc) for t in config.tiers}
-        self.quants = {t.name: quantizer_for(t.quant) for t in config.tiers}
+        #: Each tier's own protection of a block (its ``quant``, then its ``ecc``).
+        self.pipelines = {t.name: Pipeline.parse(t.quant, t.ecc) for t in config.tiers}
+        #: Each tier's code alone (what a block moved or rewritten into it is coded with).
+        self.codecs = {name: p.codec for name, p in self.pipelines.items()}
         self.placement = placement
         self.pid = os.getpid()
         self.closed = False
@@ -152,7 +154,7 @@ class StoreCore:
 
     def pipeline(self, tier: str) -> Pipeline:
         """Tier ``tier``'s own protection of a block: its quantizer, then its code."""
-        return Pipeline(self.quants[tier], self.codecs[tier])
+        return self.pipelines[tier]
 
     def check(self) -> None:
         """A typed error if the store is closed or was opened in another process."""

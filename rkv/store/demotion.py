@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from rkv.codec.blockcodec import encode_block, read_block, reencode
+from rkv.codec.blockcodec import read_block, reencode
 from rkv.codec.pipeline import Pipeline
 from rkv.codec.stages import header_stages
 from rkv.errors import ConfigError, IntegrityError
@@ -88,8 +88,7 @@ def requantize(dec: DecodedRecord, pipe: Pipeline,
     if getattr(got, "degraded", 0):
         return None
     stamp = h.written_ns if written_ns is None else written_ns
-    return encode_block(replace(h, checksum=bytes(16), written_ns=stamp), values, pipe.codec,
-                        None, pipe.quant)
+    return pipe.encode(replace(h, checksum=bytes(16), written_ns=stamp), values)
 
 
 class LossyPlans:

@@ -21,8 +21,6 @@ import numpy as np
 from policies.base import Item, Reason
 from rkv.codec.blockcodec import (
     BlockToEncode,
-    compute_bound,
-    encode_block,
     encode_blocks,
 )
 from rkv.codec.pipeline import Pipeline
@@ -80,7 +78,7 @@ class Planned:
             chunks = list(enumerate(core.placement.put_plan(spec, tokens, len(tokens),
                                                                tier, self._plan.placement)))
         else:                                 # the same for every chunk of n tokens
-            one = Pipeline(core.quants[tier], core.codecs[tier])
+            one = core.pipeline(tier)
             same = [c for c, n in enumerate(tokens) if n == tokens[chunk]]
             chunks = [(c, [one] * spec.n_layers) for c in same]
         for c, pipes in chunks:
@@ -200,12 +198,10 @@ def write_chunks(core: StoreCore, plan: PutPlan, txn: Any, pending: Pending) -> 
             enc: Callable[[], Any]
             if pipe.codec is None and pipe.quant is None:   # raw: what encode_block runs
                 enc = partial(encode_array_record, header, data, scratch, layer)
-            elif compute_bound(pipe.codec, pipe.quant):     # RS, BCH, a quantizer: threads
-                enc = batch.add(BlockToEncode(header.with_layer(layer), data, pipe.codec,
-                                              pipe.quant))
+            elif pipe.compute_bound:     # RS, BCH, a quantizer: threads
+                enc = batch.add(BlockToEncode(header.with_layer(layer), data, pipe))
             else:
-                enc = partial(encode_block, header.with_layer(layer), data, pipe.codec,
-                              scratch, pipe.quant)
+                enc = partial(pipe.encode, header.with_layer(layer), data, scratch)
             pending.write(tier, block_key(key, layer), enc, layer_sizes[layer])
         meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
                          fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,

@@ -50,15 +50,9 @@ def _block_kv(block: Hashable, spec: ModelSpec, n: int) -> np.ndarray:
 
 def chunk_record_bytes(spec: ModelSpec = REPLAY_MODEL, n: int = REPLAY_CHUNK_TOKENS) -> int:
     """Bytes one full chunk takes in a tier without ECC or quantization."""
-    from rkv.codec.blockcodec import record_size
-    from rkv.codec.stages import codec_for
-    from rkv.format.record import RecordHeader
+    from rkv.codec.pipeline import Pipeline
 
-    header = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
-                          shape=spec.block_shape(n), dtype=spec.dtype, data_len=0,
-                          payload_len=0)
-    data = 2 * n * spec.n_kv_heads * spec.head_dim * 2
-    return record_size(header, data, codec_for("none"), None) * spec.n_layers
+    return Pipeline().record_bytes(spec.block_shape(n), spec.dtype) * spec.n_layers
 
 
 def store_config(policy: str, blocks: int) -> EngineConfig:
