@@ -17,7 +17,8 @@ happens here, inside one index write transaction under the store's writer lock
 What the policies must never touch is the *protected* set: the chunks of the put in progress,
 chunks being read by this process, and pinned chunks (looked up lazily, only for candidates).
 A policy's victims are held to its contract (:func:`policies.base.checked_victims`) before any
-is acted on.
+is acted on; a policy that fails makes the whole mutation fail with ``PolicyContractError``
+(:meth:`Decisions.run`), rolled back like any failed mutation.
 
 **Policy state is rebuilt, not persisted.** Policies live in memory. They are built from the
 index (every chunk inserted in the order of its last access, ``ChunkMeta.at``) when a
@@ -34,17 +35,18 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from policies import make_admission, make_policy, make_prefetch, split_spec
 from policies.base import (
     AdmissionPolicy,
     EvictionPolicy,
     Item,
+    PolicyError,
     Reason,
     checked_victims,
 )
-from rkv.errors import IntegrityError, TierFullError
+from rkv.errors import IntegrityError, PolicyContractError, TierFullError
 from rkv.format.keys import block_key
 from rkv.store.config import EngineConfig
 from rkv.store.demotion import Transcode
@@ -53,6 +55,7 @@ from rkv.store.txn import Pending
 from rkv.tiers import Tier
 
 log = logging.getLogger("rkv")
+T = TypeVar("T")
 #: Victim rounds per call before giving up (each round must free bytes).
 MAX_ROUNDS = 256
 #: Prefill tokens per second used as a chunk's miss cost (SmolLM2-135M on 2 CPU threads).
@@ -167,6 +170,20 @@ class Decisions:
 
     def end(self, txn: Any) -> None:
         self.ix.set_meta(txn, "gen", self._next)
+
+    def run(self, txn: Any, fn: Callable[[], T]) -> T:
+        """One mutation's decisions: :meth:`begin`, ``fn()`` (which decides through this
+        object), :meth:`end`. A policy's ``PolicyError`` (a broken contract, caught by
+        :func:`policies.base.checked_victims`, or one the policy raised) leaves as
+        :class:`~rkv.errors.PolicyContractError`, a typed rkv error; the caller's
+        transaction then rolls back (:meth:`invalidate`)."""
+        try:
+            self.begin(txn)
+            out = fn()
+        except PolicyError as exc:
+            raise PolicyContractError(f"a policy failed: {exc}") from exc
+        self.end(txn)
+        return out
 
     def committed(self) -> None:
         self._gen = self._next
