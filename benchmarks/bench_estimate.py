@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import Item, Reason, ReuseEstimator, make_admission, make_policy, split_spec
+from policies.base import checked_victims
 from rkv.format.traces import read_trace
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[2]
@@ -86,7 +87,7 @@ def replay(requests: list[Any], spec: str, capacity: int, labels: list[str],
                 if not admission.admit(item, now):
                     protected.add(key)
                     continue
-                out = policy.victims(need, protected)
+                out = checked_victims(policy, need, protected)
                 if out is None:
                     protected.add(key)
                     continue

@@ -4,6 +4,7 @@ Shared by the KV engine and the MoE expert-offloading adapter; never imports rkv
 ``policies.base`` for the interfaces and ``docs/policies.md`` for how to write one.
 """
 
+from policies.admission import AdmitAfter, AdmitAll, make_admission, split_spec
 from policies.base import (
     AdmissionPolicy,
     EvictionPolicy,
@@ -12,12 +13,6 @@ from policies.base import (
     PrefetchPolicy,
     Reason,
 )
-from policies.registry import available, make_policy, parse_spec, register
-
-# Built-in policies register themselves on import.
-from policies import arc, fifo, gdsf, lfu, lru, prefix, s3fifo, sieve, slru  # noqa: F401  isort: skip
-from policies import activation  # noqa: F401  isort: skip
-from policies.admission import AdmitAfter, AdmitAll, make_admission, split_spec
 from policies.estimate import Estimate, ReuseEstimator
 from policies.prefetch import (
     CoOccurrence,
@@ -26,6 +21,7 @@ from policies.prefetch import (
     available_prefetch,
     make_prefetch,
 )
+from policies.registry import available, make_policy, parse_spec, register
 
 __all__ = [
     "AdmissionPolicy",

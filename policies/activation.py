@@ -30,7 +30,7 @@ from collections.abc import Container, Hashable
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from policies.base import EvictionPolicy, Item, PolicyError, Reason, take_soft
-from policies.registry import register
+from policies.table import register
 
 _RESCALE = 1e150     # rescale every score when the unit grows past this
 

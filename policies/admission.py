@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from policies.base import AdmissionPolicy, Item, PolicyError
-from policies.registry import build
+from policies.table import build
 
 
 class AdmitAll(AdmissionPolicy):

@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterator
 
 from policies.base import EvictionPolicy, Item, Reason, soft_pinned
-from policies.registry import register
+from policies.table import register
 
 
 class _Missing(enum.Enum):

@@ -14,7 +14,8 @@ The contract that makes a policy usable by a storage engine:
   movement on a copy of what they would change, and apply it in :meth:`on_remove`.
 * **All or nothing.** ``victims(need, protected)`` returns keys whose sizes add up to at least
   ``need`` bytes, none of them in ``protected``, or ``None`` when that is impossible; the
-  caller then removes them (and reports each with :meth:`on_remove`).
+  caller then removes them (and reports each with :meth:`on_remove`). Callers ask through
+  :func:`checked_victims`, the one check of this contract.
 * **Time is the caller's.** ``now`` is a monotonic number chosen by the caller (seconds, or
   the index of the reference in a trace); policies never read a clock.
 """
@@ -206,6 +207,43 @@ class EvictionPolicy(ABC):
             if freed >= need:
                 return out
         return None
+
+
+def checked_victims(policy: EvictionPolicy, need: int, protected: Container[Hashable] = (),
+                    where: str = "the cache") -> list[Hashable] | None:
+    """``policy.victims(need, protected)`` held to the contract; what it answered (``None``
+    when it cannot free ``need`` bytes without a protected key).
+
+    Every caller that acts on victims asks through this function, so a policy that breaks
+    the contract is caught before anything is removed, with a :class:`PolicyError` naming
+    the policy and ``where`` (e.g. ``"tier dram"``): a victim it does not hold (or named
+    twice), a protected victim, or victims that free less than ``need`` bytes (by the sizes
+    it was told). That asking had no side effects one answer cannot show: the contract tests
+    check it (``tests/policies/test_policy_contract.py``). ``need`` is > 0 (with nothing to
+    free the caller does not ask)."""
+    items = policy._items
+    out = policy.victims(need, protected)
+    if out is None:
+        return None
+    freed = 0
+    for key in out:
+        try:
+            freed += items[key].size
+        except KeyError:
+            raise _broken(policy, f"victim {key!r} is not in {where} (the policy does not "
+                          "hold it)") from None
+        if key in protected:
+            raise _broken(policy, f"victim {key!r} in {where} is protected")
+    if len(out) > 1 and len(set(out)) < len(out):
+        raise _broken(policy, f"a victim in {where} is named twice")
+    if freed < need:
+        raise _broken(policy, f"victims free less than the {need} bytes asked for in "
+                      f"{where} ({freed})")
+    return out
+
+
+def _broken(policy: EvictionPolicy, what: str) -> PolicyError:
+    return PolicyError(f"policy {policy.name or type(policy).__name__}: {what}")
 
 
 class PlannedEviction(EvictionPolicy):

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable
 
 from policies.base import EvictionPolicy, Item, Reason, take_soft
-from policies.registry import register
+from policies.table import register
 
 
 @register("fifo")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from policies.base import Item
 from policies.lfu import PriorityPolicy
-from policies.registry import register
+from policies.table import register
 
 
 @register("gdsf")

@@ -24,7 +24,7 @@ from collections.abc import Container, Hashable, Iterator
 from itertools import chain
 
 from policies.base import EvictionPolicy, Item, PolicyError, Reason, take_soft
-from policies.registry import register
+from policies.table import register
 
 #: An index entry: (priority, sequence number of its last reference, key). Sequence numbers are
 #: unique, so keys are never compared.

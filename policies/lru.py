@@ -6,7 +6,7 @@ from collections.abc import Container, Hashable
 
 from policies.base import Item
 from policies.fifo import FIFO
-from policies.registry import register
+from policies.table import register
 
 
 @register("lru")

@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
 from policies.base import Item, PolicyError, PrefetchPolicy
-from policies.registry import build
+from policies.table import build
 
 
 class QueueOrder(PrefetchPolicy):

@@ -34,7 +34,7 @@ from typing import Any
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from policies.base import EvictionPolicy, Item, PolicyError, Reason, soft_pinned
-from policies.registry import register
+from policies.table import register
 
 
 @register("prefix")

@@ -42,7 +42,7 @@ from collections import OrderedDict, deque
 from collections.abc import Container, Hashable, Iterator, Sequence
 
 from policies.base import Item, PlannedEviction, PolicyError, Reason, soft_pinned
-from policies.registry import register
+from policies.table import register
 
 
 class _Missing(enum.Enum):

@@ -35,7 +35,7 @@ from collections.abc import Container, Hashable, Sequence
 from itertools import chain
 
 from policies.base import Item, PlannedEviction, Reason, soft_pinned
-from policies.registry import register
+from policies.table import register
 
 
 @register("sieve")

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable
 
 from policies.base import EvictionPolicy, Item, PolicyError, Reason, take_soft
-from policies.registry import register
+from policies.table import register
 
 
 @register("slru")

@@ -18,6 +18,13 @@ class ConfigError(RkvError, ValueError):
     """A configuration value is invalid or inconsistent."""
 
 
+class PolicyContractError(ConfigError):
+    """A configured policy failed while the store used it: it broke the victim contract of
+    ``policies.base`` (a victim it does not hold, a protected one, too few bytes) or raised
+    ``PolicyError`` itself. The mutation that asked it fails whole: nothing of it is written,
+    and the policies are rebuilt from the index at the next one."""
+
+
 class InputError(RkvError, ValueError):
     """An argument from the caller is invalid (nothing was written)."""
 
@@ -125,6 +132,7 @@ __all__ = [
     "IntegrityError",
     "MediumError",
     "MissingRecordError",
+    "PolicyContractError",
     "ReadOnlyStoreError",
     "RecordMismatchError",
     "RkvError",

@@ -13,7 +13,7 @@ from collections.abc import Container, Hashable
 from dataclasses import dataclass
 
 from policies import make_admission, make_policy
-from policies.base import AdmissionPolicy, EvictionPolicy, Item, Reason
+from policies.base import AdmissionPolicy, EvictionPolicy, Item, Reason, checked_victims
 from rkv.moe.experts import ExpertWeights
 
 Key = tuple[int, int]
@@ -79,7 +79,7 @@ class DeviceCache:
             if self.admission is not None and not self.admission.admit(item, now):
                 self.refused += 1
                 return False
-            victims = pol.victims(need, protected)
+            victims = checked_victims(pol, need, protected, "the device cache")
             if victims is None:
                 self.refused += 1
                 return False

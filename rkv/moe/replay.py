@@ -50,7 +50,14 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from policies.base import EvictionPolicy, Item, PolicyError, PrefetchPolicy, Reason
+from policies.base import (
+    EvictionPolicy,
+    Item,
+    PolicyError,
+    PrefetchPolicy,
+    Reason,
+    checked_victims,
+)
 from policies.belady import Belady, next_use_positions
 from policies.prefetch import CoOccurrence, QueueOrder, ShallowFirst
 from rkv.errors import ConfigError
@@ -266,18 +273,14 @@ def simulate(trace: MoETrace, policy: str, experts: int, *, per_layer: bool = Tr
         need = pol.used + size - cap
         if need <= 0:
             return True
-        out = pol.victims(need, protected)
+        out = checked_victims(pol, need, protected, "the expert cache")
         if out is None:
             return False
         for v in out:
-            if v in protected or v not in cached:
-                raise PolicyError(f"{policy}: victim {v!r} is protected or not cached")
             pol.on_remove(v, evicted)
             cached.remove(v)
             unused.discard(v)
         counts["evictions"] += len(out)
-        if pol.used + size > cap:
-            raise PolicyError(f"{policy}: victims free less than the {need} bytes asked for")
         return True
 
     pos = 0

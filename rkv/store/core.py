@@ -186,9 +186,7 @@ class StoreCore:
         touched = decide.take_touches()
 
         def body(txn: Any, pending: Pending) -> Any:
-            decide.begin(txn)
-            out = fn(txn, pending)
-            decide.end(txn)
+            out = decide.run(txn, lambda: fn(txn, pending))
             self.index.flush(txn)
             return out
 

@@ -16,6 +16,9 @@ happens here, inside one index write transaction under the store's writer lock
 
 What the policies must never touch is the *protected* set: the chunks of the put in progress,
 chunks being read by this process, and pinned chunks (looked up lazily, only for candidates).
+A policy's victims are held to its contract (:func:`policies.base.checked_victims`) before any
+is acted on; a policy that fails makes the whole mutation fail with ``PolicyContractError``
+(:meth:`Decisions.run`), rolled back like any failed mutation.
 
 **Policy state is rebuilt, not persisted.** Policies live in memory. They are built from the
 index (every chunk inserted in the order of its last access, ``ChunkMeta.at``) when a
@@ -32,11 +35,18 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from policies import make_admission, make_policy, make_prefetch, split_spec
-from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Reason
-from rkv.errors import IntegrityError, TierFullError
+from policies.base import (
+    AdmissionPolicy,
+    EvictionPolicy,
+    Item,
+    PolicyError,
+    Reason,
+    checked_victims,
+)
+from rkv.errors import IntegrityError, PolicyContractError, TierFullError
 from rkv.format.keys import block_key
 from rkv.store.config import EngineConfig
 from rkv.store.demotion import Transcode
@@ -45,6 +55,7 @@ from rkv.store.txn import Pending
 from rkv.tiers import Tier
 
 log = logging.getLogger("rkv")
+T = TypeVar("T")
 #: Victim rounds per call before giving up (each round must free bytes).
 MAX_ROUNDS = 256
 #: Prefill tokens per second used as a chunk's miss cost (SmolLM2-135M on 2 CPU threads).
@@ -76,22 +87,32 @@ def free_chunk(ix: Index, txn: Any, key: bytes, meta: ChunkMeta | None,
 class Protected:
     """``key in protected``: keys given, chunks being read or held for a queued request by
     this process, or pinned chunks (looked up in the transaction only when a policy asks
-    about a candidate)."""
+    about a candidate, once per chunk)."""
 
-    __slots__ = ("decide", "keys", "txn")
+    __slots__ = ("decide", "keys", "pinned", "txn")
 
-    def __init__(self, keys: set[bytes], decide: Decisions, txn: Any) -> None:
+    def __init__(self, keys: set[bytes], decide: Decisions, txn: Any,
+                 pinned: dict[bytes, bool] | None = None) -> None:
         self.keys, self.decide, self.txn = keys, decide, txn
+        #: Pin lookups made in this transaction. Pins change only in a mutation of their own
+        #: (pin/unpin), never in one that asks for victims, so an answer holds to its end;
+        #: it spares the index read when the contract check asks about a victim again.
+        self.pinned: dict[bytes, bool] = {} if pinned is None else pinned
 
     def __contains__(self, key: object) -> bool:
         d = self.decide
         if key in self.keys or key in d.inflight or key in d.queued:
             return True
-        meta = d.ix.read_chunk(self.txn, key) if isinstance(key, bytes) else None
-        return meta is not None and meta.pins > 0
+        if not isinstance(key, bytes):
+            return False
+        pinned = self.pinned.get(key)
+        if pinned is None:
+            meta = d.ix.read_chunk(self.txn, key)
+            pinned = self.pinned[key] = meta is not None and meta.pins > 0
+        return pinned
 
     def plus(self, key: bytes) -> Protected:
-        return Protected(self.keys | {key}, self.decide, self.txn)
+        return Protected(self.keys | {key}, self.decide, self.txn, self.pinned)
 
 
 class Decisions:
@@ -149,6 +170,20 @@ class Decisions:
 
     def end(self, txn: Any) -> None:
         self.ix.set_meta(txn, "gen", self._next)
+
+    def run(self, txn: Any, fn: Callable[[], T]) -> T:
+        """One mutation's decisions: :meth:`begin`, ``fn()`` (which decides through this
+        object), :meth:`end`. A policy's ``PolicyError`` (a broken contract, caught by
+        :func:`policies.base.checked_victims`, or one the policy raised) leaves as
+        :class:`~rkv.errors.PolicyContractError`, a typed rkv error; the caller's
+        transaction then rolls back (:meth:`invalidate`)."""
+        try:
+            self.begin(txn)
+            out = fn()
+        except PolicyError as exc:
+            raise PolicyContractError(f"a policy failed: {exc}") from exc
+        self.end(txn)
+        return out
 
     def committed(self) -> None:
         self._gen = self._next
@@ -382,15 +417,13 @@ class Decisions:
             if below is None and self.config.on_full == "error":
                 raise TierFullError(f"tier {name} is full ({usage.bytes(name)} of {cap} "
                                     "bytes) and on_full='error'")
-            victims = policy.victims(usage.bytes(name) + need - cap, protect)
-            if not victims:
+            victims = checked_victims(policy, usage.bytes(name) + need - cap, protect,
+                                      f"tier {name}")
+            if victims is None:
                 return False
             before = usage.bytes(name)
-            for victim in victims:
-                key = victim if isinstance(victim, bytes) else b""
-                if key not in policy:
-                    raise PolicyError(f"tier {name}: policy named {victim!r}, which it "
-                                      "does not hold")
+            for key in victims:
+                assert isinstance(key, bytes)   # the policy holds it: this module put it there
                 meta = self.ix.read_chunk(txn, key)
                 if meta is None or meta.bytes_in(name) == 0:
                     policy.on_remove(key, Reason.DELETED)   # out of step: forget it

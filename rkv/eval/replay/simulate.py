@@ -2,10 +2,11 @@
 
 Every request is a prefix chain of blocks. For each block, in order: a hit is reported with
 ``on_access(hit=True)``; a miss with ``on_access(hit=False, item=...)``, then room is made with
-``victims(need, protected)`` (``protected``: the blocks of the current request touched so far),
-each victim reported with ``on_remove(EVICTED)``, and the block inserted with ``on_insert``. When
-``victims`` answers ``None`` the block is not cached. Time (``now``) is the position of the
-reference in the flat sequence of all block references, which is what :class:`Belady` needs.
+``victims(need, protected)`` (``protected``: the blocks of the current request touched so far;
+the answer held to the contract by :func:`policies.base.checked_victims`), each victim reported
+with ``on_remove(EVICTED)``, and the block inserted with ``on_insert``. When ``victims`` answers
+``None`` the block is not cached. Time (``now``) is the position of the reference in the flat
+sequence of all block references, which is what :class:`Belady` needs.
 
 Metrics per (policy, capacity), over the ``get`` requests (``put`` lines of an access log are
 replayed as accesses but not counted):
@@ -30,7 +31,14 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from policies.base import AdmissionPolicy, EvictionPolicy, Item, PolicyError, Reason
+from policies.base import (
+    AdmissionPolicy,
+    EvictionPolicy,
+    Item,
+    PolicyError,
+    Reason,
+    checked_victims,
+)
 from policies.belady import Belady, InfiniteCache, next_use_positions
 from rkv.errors import ConfigError, InputError
 from rkv.format.traces import Request
@@ -286,7 +294,7 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
             queued[key] = queued.get(key, 0) + 1
     cached: set[Hashable] = set()
     access, insert = policy.on_access, policy.on_insert
-    remove, victims = policy.on_remove, policy.victims
+    remove = policy.on_remove
     evicted = Reason.EVICTED
     hits = evictions = 0
     lead = [0] * nreq                      # leading hit blocks of each request
@@ -332,21 +340,15 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
                     if admission is not None and not admission.admit(item, i):
                         protected.add(key)
                         continue
-                    out = victims(need, protected) if need < futile else None
+                    out = checked_victims(policy, need, protected) if need < futile else None
                     if out is None:
                         futile = min(futile, need)
                         protected.add(key)
                         continue
                     for v in out:
-                        if v in protected or v not in cached:
-                            raise PolicyError(f"{policy.name or type(policy).__name__}: victim "
-                                              f"{v!r} is protected or not cached")
                         remove(v, evicted)
                         cached.remove(v)
                     evictions += len(out)
-                    if policy.used + item.size > capacity:
-                        raise PolicyError(f"{policy.name or type(policy).__name__}: victims "
-                                          f"free less than the {need} bytes asked for")
                 insert(item, i)
                 cached.add(key)
             protected.add(key)

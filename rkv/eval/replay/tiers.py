@@ -53,6 +53,7 @@ from policies.base import (
     PolicyError,
     PrefetchPolicy,
     Reason,
+    checked_victims,
 )
 from policies.belady import Belady, InfiniteCache
 from policies.prefetch import make_prefetch
@@ -104,12 +105,12 @@ class _Cascade:
     """Where every cached block is, and the moves between tiers (the cold path: misses,
     promotions, prefetches), with the contract checks and the byte counters."""
 
-    def __init__(self, tiers: Sequence[Tier], label: str) -> None:
+    def __init__(self, tiers: Sequence[Tier]) -> None:
         self.pols = [t.policy for t in tiers]
         self.caps = [t.capacity for t in tiers]
         self.names = [t.name for t in tiers]
+        self.wheres = [f"tier {t.name}" for t in tiers]   # for the contract's messages
         self.n = len(tiers)
-        self.label = label
         self.where: dict[Hashable, int] = {}
         self.count = {c: [0] * self.n for c in _COUNTERS}   # bytes per tier
         (self.written, self.demoted_in, self.promoted_in, self.prefetched_in, self.demoted_out,
@@ -126,27 +127,20 @@ class _Cascade:
 
     def ask(self, t: int, need: int, protected: Container[Hashable]
             ) -> tuple[list[Item], int] | None:
-        """Tier ``t``'s victims for ``need`` bytes (> 0) and the bytes they free, checked:
-        none protected or elsewhere, and enough bytes. ``None``: the policy cannot."""
+        """Tier ``t``'s victims for ``need`` bytes (> 0) and the bytes they free, checked
+        (:func:`policies.base.checked_victims`). ``None``: the policy cannot."""
         if need >= self.futile[t]:
             return None
         pol = self.pols[t]
-        out = pol.victims(need, protected)
+        out = checked_victims(pol, need, protected, self.wheres[t])
         if out is None:
             self.futile[t] = need
             return None
-        where, item, freed = self.where, pol.item, 0
-        found = []
+        item, found, freed = pol.item, [], 0
         for v in out:
-            if v in protected or where.get(v) != t:
-                raise PolicyError(f"{self.label}: victim {v!r} is protected or not in tier "
-                                  f"{self.names[t]}")
             it = item(v)
             found.append(it)
             freed += it.size
-        if freed < need:
-            raise PolicyError(f"{self.label}: victims free less than the {need} bytes asked "
-                              f"for in tier {self.names[t]}")
         return found, freed
 
     def push_down(self, t: int, out: list[Item], size: int, protected: Container[Hashable],
@@ -291,7 +285,7 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
                     else prefetch_budget, "prefetch budget (bytes)", lo=0)
     top = tiers[0].policy
     name = label or top.name or type(top).__name__
-    c = _Cascade(tiers, name)
+    c = _Cascade(tiers)
     refs, items, starts, counted = trace.refs, trace.items, trace.starts, trace.counted
     nreq = trace.requests
     where, pols, place, lift = c.where, c.pols, c.place, c.lift
