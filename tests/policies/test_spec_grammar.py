@@ -72,3 +72,15 @@ def test_codecs_and_quantizers_read_the_same_grammar() -> None:
         codec_spec("rs(255, n=255)")
     with pytest.raises(ConfigError, match=r"expected e\.g\."):
         codec_spec("rs(255")
+
+
+def test_policies_read_the_same_grammar() -> None:
+    from policies import PolicyError, make_policy, parse_spec
+
+    assert parse_spec("S3FIFO(small=0.1)") == ("s3fifo", {"small": 0.1})
+    assert parse_spec("prefix") == ("prefix", {})
+    assert make_policy("s3fifo(small=0.25)", 1000).name.startswith("s3fifo")
+    with pytest.raises(PolicyError, match="key=value pairs"):
+        parse_spec("lru(3)")
+    with pytest.raises(PolicyError, match="malformed policy spec"):
+        parse_spec("lru(")
