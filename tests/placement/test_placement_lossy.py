@@ -15,8 +15,8 @@ from rkv import Engine, EngineConfig, ModelSpec, TierConfig
 from rkv.codec.blockcodec import header_stages, quantizer_for
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.record import decode_record
+from rkv.profiles import QualityProfile
 from rkv.store.demotion import worst_path_kl
-from rkv.placement.profile import QualityProfile
 
 SPEC = ModelSpec("test/lossy", n_layers=4, n_kv_heads=2, head_dim=16, dtype="float16")
 KL4 = 0.01        # per K or V of every layer at 4 bits: 0.02 a block, 0.08 a chunk
