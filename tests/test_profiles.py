@@ -1,14 +1,17 @@
 """Quality profiles (``rkv.profiles``): the forms a profile is made from, the measured
-profile's file (schema, loader, the additive estimate) and the shipped SmolLM2-135M profile
-(weights 4-bit Q4_1)."""
+profile's file (schema, loader, the additive estimate), the shipped SmolLM2-135M profile
+(weights 4-bit Q4_1), and the store loading it without the measurement code."""
 
 from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rkv.errors import ConfigError
@@ -186,3 +189,74 @@ def test_unreadable_profile_path(tmp_path: Path) -> None:
 
 
 
+
+# -- one type for the planner and the file ---------------------------------------------------
+def test_the_shipped_profile_as_the_planner_reads_it(shipped: QualityProfile) -> None:
+    """QualityProfile.load reads only the KL table of the same file: every answer, of K, V
+    and K+V blocks and of a degraded read, is the measured profile's."""
+    table = QualityProfile.load(SHIPPED)
+    assert table.model == shipped.model and table.n_layers == shipped.n_layers == 30
+    assert not table.fingerprint and table.kl_mean == shipped.kl_mean
+    for layer in range(30):
+        for kind in ("k", "v", "kv"):
+            for bits in (16, *BITS):
+                assert table.kl(layer, kind, bits) == shipped.kl(layer, kind, bits)
+            assert table.degraded_kl(layer, kind) == shipped.degraded_kl(layer, kind)
+    assert shipped.kl(3, "kv", 4) == shipped.kl(3, "k", 4) + shipped.kl(3, "v", 4)
+    assert QualityProfile(shipped) == shipped and QualityProfile(shipped).se(3, "k", 2) > 0
+    with pytest.raises(ConfigError, match="no standard error"):
+        table.se(3, "k", 2)
+
+
+def test_the_shipped_profile_writes_back_byte_identical(shipped: QualityProfile,
+                                                        tmp_path: Path) -> None:
+    write_profile(shipped, tmp_path / "p.json")
+    assert (tmp_path / "p.json").read_bytes() == SHIPPED.read_bytes()
+
+
+def test_kl_arguments_are_checked() -> None:
+    p = validate_profile(small_profile())
+    assert p.kl(np.int64(1), "v", np.int64(2)) == pytest.approx(0.12)  # type: ignore[arg-type]
+    for args in ((True, "k", 8), ("0", "k", 8), (-1, "k", 8), (0, "q", 8), (0, "k", 3),
+                 (0, "k", True), (0, "k", "8"), (0, "k", 32)):
+        with pytest.raises(ConfigError):
+            p.kl(*args)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="kind"):
+        p.se(0, "kv", 8)
+    fn = QualityProfile(lambda layer, kind, bits: 0.5)
+    assert fn.kl(0, "kv", 2) == 1.0 and fn.n_layers == 0
+    with pytest.raises(ConfigError, match="no table of layers"):
+        fn.mean_kl("k", 2)
+    with pytest.raises(ConfigError, match="callable"):
+        fn.to_dict()
+    with pytest.raises(ConfigError, match="finite number"):
+        QualityProfile(lambda layer, kind, bits: float("nan")).kl(0, "k", 2)
+
+
+def test_a_table_profile_round_trips_its_document() -> None:
+    doc = {"model": "abc", "kl": {"3:k:4": 0.01, "3:v:4": 0.02}}
+    p = QualityProfile(doc)
+    assert p.to_dict() == doc and QualityProfile(p.to_dict()) == p and p.n_layers == 4
+    assert QualityProfile({(0, "K", 8): 0.1}).to_dict() == {"kl": {"0:k:8": 0.1}}
+    with pytest.raises(ConfigError, match="fingerprint"):
+        validate_profile(doc)
+
+
+def test_the_store_loads_profiles_without_the_measurement_code() -> None:
+    """The engine's placement finds a shipped profile (by name and by fingerprint) through
+    rkv.profiles: nothing of rkv.eval is imported."""
+    code = ("import sys\n"
+            "from rkv.format.model import ModelSpec\n"
+            "from rkv.placement.config import PlacementConfig\n"
+            "from rkv.store.plans import load_profile\n"
+            "named = load_profile(PlacementConfig.from_dict({'profile': 'smollm2-135m'}), None)\n"
+            "spec = ModelSpec('HuggingFaceTB/SmolLM2-135M-Instruct@Q4_1', n_layers=30,\n"
+            "                 n_kv_heads=3, head_dim=64, dtype='float32',\n"
+            "                 layout='hf-dynamic-cache')\n"
+            "found = load_profile(PlacementConfig(), spec)\n"
+            "assert named is not None and named == found and named.fingerprint\n"
+            "print(','.join(m for m in sys.modules if m.startswith('rkv.eval')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.strip()
+    assert out == "", f"the store's profile loader imported {out}"
+    assert smollm2_spec().fingerprint().hex() == load_profile("smollm2-135m").fingerprint
