@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct (weights 4-bit Q4_1, fp32 compute). For each plan (bits pe
 and V), every layer's prefix KV is quantized per the plan at once with rkv's KIVI quantizer,
 the model continues from that cache (its own forward, as ``rkv quality`` does), and the mean
 KL of the next-token distributions against the exact cache is compared with
-``Profile.additive(plan)``, the sum of the single-block KLs.
+``QualityProfile.additive(plan)``, the sum of the single-block KLs.
 
 Two sets of windows:
 
@@ -31,7 +31,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rkv.eval.calibrate import KINDS, Profile, load_profile  # noqa: E402
 from rkv.eval.calibrate_measure import (  # noqa: E402
     block_bits,
     heldout_windows,
@@ -40,6 +39,7 @@ from rkv.eval.calibrate_measure import (  # noqa: E402
     reference,
     run_cases,
 )
+from rkv.profiles import KINDS, QualityProfile, load_profile  # noqa: E402
 
 N_LAYERS = 30
 Plan = dict[tuple[int, str], int]
@@ -63,7 +63,7 @@ def random_plan(seed: int, low: float = 0.38, high: float = 0.42) -> Plan:
             return plan
 
 
-def greedy_plan(profile: Profile, budget: float = 0.40) -> Plan:
+def greedy_plan(profile: QualityProfile, budget: float = 0.40) -> Plan:
     """Start at 2 bits everywhere; upgrade the block with the best KL saved per byte added
     while the plan fits the budget (what a profile is for)."""
     plan = uniform(2, 2)
@@ -83,7 +83,7 @@ def greedy_plan(profile: Profile, budget: float = 0.40) -> Plan:
         plan[best[1]] = nxt[plan[best[1]]]
 
 
-def plans(profile: Profile) -> list[tuple[str, Plan]]:
+def plans(profile: QualityProfile) -> list[tuple[str, Plan]]:
     early = {(i, k): 8 if i < 4 else 2 for i in range(N_LAYERS) for k in KINDS}
     top = sorted(((profile.kl(i, k, 2), (i, k)) for i in range(N_LAYERS) for k in KINDS),
                  reverse=True)[:8]

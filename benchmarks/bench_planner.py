@@ -59,7 +59,6 @@ from rkv.placement import (
     InfeasiblePlanError,
     PlacementConfig,
     Planner,
-    QualityProfile,
     TierInput,
 )
 from rkv.placement.options import DEFAULT_CACHE
@@ -69,6 +68,7 @@ from rkv.placement.solver import (
     solve_exact,
     solve_fast,
 )
+from rkv.profiles import QualityProfile
 
 LAYERS, HEADS, DIM, CHUNKS, CHUNK_TOKENS = 30, 3, 64, 8, 256
 BASE_KL = {8: 2e-4, 4: 3e-3, 2: 4e-2}

@@ -1,24 +1,16 @@
-"""Quality profiles: how much each layer's K and V lose at 8, 4 and 2 bits, per model.
+"""Calibration: how much each layer's K and V lose at 8, 4 and 2 bits, per model.
 
 ``rkv calibrate`` measures, on text windows, the KL divergence of the next-token
 distributions (nats per scored token) and the perplexity when only one layer's prefix K (or
 V) goes through rkv's KIVI quantizer and everything else stays exact
-(:mod:`rkv.eval.calibrate_measure`). The result is a JSON profile keyed by the model fingerprint::
+(:mod:`rkv.eval.calibrate_measure`). The result is a measured quality profile keyed by the
+model fingerprint: a :class:`rkv.profiles.QualityProfile` with the mean KL, its standard
+error and the perplexity per (layer, kind, bits), written as JSON by
+:func:`rkv.profiles.write_profile` (the file format, its loaders and the shipped SmolLM2-135M
+profile live in :mod:`rkv.profiles`)::
 
-    {"model": "...", "fingerprint": "<32 hex>", "weights": "Q4_1", "windows": 24,
-     "text": ["..."], "kl": {"<layer>:<k|v>:<bits>": mean KL, ...},
-     "kl_se": {same keys: standard error over windows}, "ppl": {same keys: perplexity}}
-
-plus optional metadata (``prefix``, ``scored``, ``quant``, ``ppl_ref``, ``kl_floor``,
-``seconds``, ``threads``). The SmolLM2-135M-Instruct profile (weights 4-bit Q4_1) ships as
-``rkv/profiles/smollm2-135m.json``::
-
-    p = load_profile("smollm2-135m")          # or the fingerprint hex, the model name, a path
-    p.kl(3, "k", 2)                           # mean KL of layer 3's keys at 2 bits
-    p.additive({(0, "k"): 8, (0, "v"): 4})    # the additive estimate of a mixed plan
-
-Profiles are JSON only, size-limited and validated field by field: anything malformed is a
-:class:`rkv.errors.ConfigError` that says what and where.
+    prof = calibrate(24, cache="calibrate.jsonl")   # resumable: finished windows are cached
+    write_profile(prof, "smollm2-135m.json")
 """
 
 from __future__ import annotations
@@ -26,33 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rkv.errors import ConfigError
 from rkv.format.model import ModelSpec
-from rkv.specs import strict_json
+from rkv.profiles import BITS, KINDS, QualityProfile, write_profile
 from rkv.ui.progress import Progress
 
 log = logging.getLogger(__name__)
-
-KINDS = ("k", "v")
-BITS = (8, 4, 2)
-MAX_PROFILE_BYTES = 4 << 20
-MAX_LAYERS = 65535
-_KEY = re.compile(r"^(0|[1-9][0-9]{0,4}):([kv]):([248])$")
-_HEX = re.compile(r"^[0-9a-f]{32}$")
-_REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "model": str, "fingerprint": str, "weights": str, "windows": int, "text": list,
-    "kl": dict, "kl_se": dict, "ppl": dict}
-_OPTIONAL: dict[str, type | tuple[type, ...]] = {
-    "prefix": int, "scored": int, "quant": str, "ppl_ref": (int, float),
-    "kl_floor": (int, float), "seconds": (int, float), "threads": int, "version": int}
 
 
 def smollm2_spec() -> ModelSpec:
@@ -64,208 +38,11 @@ def smollm2_spec() -> ModelSpec:
                      layout="hf-dynamic-cache")
 
 
-def block_key(layer: int, kind: str, bits: int) -> str:
-    return f"{layer}:{kind}:{bits}"
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A validated quality profile (see the module docstring)."""
-
-    model: str
-    fingerprint: str
-    weights: str
-    windows: int
-    text: tuple[str, ...]
-    kl_mean: Mapping[str, float]
-    kl_se: Mapping[str, float]
-    ppl: Mapping[str, float]
-    n_layers: int
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def _check(self, layer: int, kind: str, bits: int) -> None:
-        if not isinstance(layer, int) or isinstance(layer, bool) or not (
-                0 <= layer < self.n_layers):
-            raise ConfigError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
-        if kind not in KINDS:
-            raise ConfigError(f"kind must be 'k' or 'v', got {kind!r}")
-        if bits not in (16, *BITS) or isinstance(bits, bool):
-            raise ConfigError(f"bits must be 16, 8, 4 or 2, got {bits!r}")
-
-    def kl(self, layer: int, kind: str, bits: int) -> float:
-        """Mean KL (nats per scored token) with only this block quantized; 16 bits: 0."""
-        self._check(layer, kind, bits)
-        return 0.0 if bits == 16 else self.kl_mean[block_key(layer, kind, bits)]
-
-    def se(self, layer: int, kind: str, bits: int) -> float:
-        """Standard error of :meth:`kl` over the calibration windows."""
-        self._check(layer, kind, bits)
-        return 0.0 if bits == 16 else self.kl_se[block_key(layer, kind, bits)]
-
-    def additive(self, plan: Mapping[tuple[int, str], int]) -> float:
-        """Sum of the per-block KL of ``plan`` ({(layer, kind): bits}; missing: 16 bits)."""
-        if not isinstance(plan, Mapping):
-            raise ConfigError(f"a plan maps (layer, kind) to bits, got {type(plan).__name__}")
-        total = 0.0
-        for key, bits in plan.items():
-            if not (isinstance(key, tuple) and len(key) == 2):
-                raise ConfigError(f"plan keys are (layer, kind) pairs, got {key!r}")
-            total += self.kl(key[0], key[1], bits)
-        return total
-
-    def mean_kl(self, kind: str, bits: int) -> float:
-        """Mean over layers of :meth:`kl`."""
-        return sum(self.kl(i, kind, bits) for i in range(self.n_layers)) / self.n_layers
-
-    def ranked(self, kind: str, bits: int) -> list[tuple[int, float]]:
-        """(layer, KL) from the most to the least sensitive."""
-        return sorted(((i, self.kl(i, kind, bits)) for i in range(self.n_layers)),
-                      key=lambda t: -t[1])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "fingerprint": self.fingerprint,
-                "weights": self.weights, "windows": self.windows, **dict(self.meta),
-                "text": list(self.text), "kl": dict(self.kl_mean),
-                "kl_se": dict(self.kl_se), "ppl": dict(self.ppl)}
-
-
-# -- validation ----------------------------------------------------------------------------
-def _number(where: str, v: Any, *, low: float, strict: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ConfigError(f"profile {where} must be a number, got {type(v).__name__}")
-    x = float(v)
-    if not math.isfinite(x) or x < low or (strict and x == low):
-        raise ConfigError(f"profile {where} must be finite and {'>' if strict else '>='} "
-                          f"{low}, got {v!r}")
-    return x
-
-
-def validate_profile(d: Any) -> Profile:
-    """A :class:`Profile` from the parsed JSON ``d``, or a ConfigError naming the problem."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"a profile is a JSON object, got {type(d).__name__}")
-    unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
-    if unknown:
-        raise ConfigError(f"unknown profile fields: {unknown[:5]}")
-    for name, typ in (*_REQUIRED.items(), *_OPTIONAL.items()):
-        if name not in d:
-            if name in _REQUIRED:
-                raise ConfigError(f"profile field {name!r} is missing")
-            continue
-        v = d[name]
-        if isinstance(v, bool) or not isinstance(v, typ):
-            raise ConfigError(f"profile field {name!r} has type {type(v).__name__}")
-    if not 0 < len(d["model"]) <= 300:
-        raise ConfigError("profile field 'model' must be 1..300 characters")
-    if not _HEX.match(d["fingerprint"]):
-        raise ConfigError("profile field 'fingerprint' must be 32 lowercase hex digits")
-    if not 0 < len(d["weights"]) <= 100:
-        raise ConfigError("profile field 'weights' must be 1..100 characters")
-    if d["windows"] < 1:
-        raise ConfigError("profile field 'windows' must be >= 1")
-    if len(d["text"]) > 100 or not all(isinstance(t, str) and len(t) <= 1000
-                                       for t in d["text"]):
-        raise ConfigError("profile field 'text' must be a list of at most 100 strings")
-    for name in ("prefix", "scored", "threads"):
-        if name in d and d[name] < 0:
-            raise ConfigError(f"profile field {name!r} must be >= 0")
-    layers: set[int] = set()
-    for key in d["kl"]:
-        m = _KEY.match(key) if isinstance(key, str) else None
-        if m is None:
-            raise ConfigError(f"profile kl key {key!r} is not '<layer>:<k|v>:<2|4|8>'")
-        layers.add(int(m.group(1)))
-    n_layers = max(layers) + 1 if layers else 0
-    if n_layers == 0 or n_layers > MAX_LAYERS:
-        raise ConfigError("profile field 'kl' is empty")
-    expected = {block_key(i, k, b) for i in range(n_layers) for k in KINDS for b in BITS}
-    for name in ("kl", "kl_se", "ppl"):
-        keys = set(d[name])
-        if keys != expected:
-            odd = sorted(keys ^ expected, key=str)[:3]
-            raise ConfigError(f"profile field {name!r} must hold every layer 0..{n_layers - 1}"
-                              f" x k,v x 8,4,2 and nothing else (first odd keys: {odd})")
-    kl = {k: _number(f"kl[{k!r}]", d["kl"][k], low=0.0) for k in sorted(expected)}
-    se = {k: _number(f"kl_se[{k!r}]", d["kl_se"][k], low=0.0) for k in sorted(expected)}
-    ppl = {k: _number(f"ppl[{k!r}]", d["ppl"][k], low=0.0, strict=True)
-           for k in sorted(expected)}
-    meta = {}
-    for name in _OPTIONAL:
-        if name in d:
-            meta[name] = (d[name] if name in ("quant",) or not isinstance(d[name], float)
-                          else _number(name, d[name], low=0.0))
-    return Profile(d["model"], d["fingerprint"], d["weights"], d["windows"], tuple(d["text"]),
-                   kl, se, ppl, n_layers, meta)
-
-
-def parse_profile(data: bytes | str, where: str = "profile") -> Profile:
-    """Parse and validate a profile from JSON text (never anything but JSON)."""
-    if len(data) > MAX_PROFILE_BYTES:
-        raise ConfigError(f"{where} is larger than {MAX_PROFILE_BYTES} bytes")
-    try:
-        d = strict_json(data)
-    except (ValueError, RecursionError) as exc:     # JSONDecodeError, UnicodeDecodeError
-        raise ConfigError(f"{where} is not valid JSON: {exc}") from None
-    try:
-        return validate_profile(d)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def read_profile(path: str | Path) -> Profile:
-    from rkv.inputs import read_bytes
-
-    p = Path(path)
-    try:
-        data = read_bytes(p, "profile", limit=MAX_PROFILE_BYTES)
-    except ConfigError as exc:
-        raise ConfigError(f"cannot read {exc}") from None
-    return parse_profile(data, str(p))
-
-
-def write_profile(profile: Profile, path: str | Path) -> None:
-    validate_profile(profile.to_dict())
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=1, allow_nan=False) + "\n")
-    tmp.replace(p)
-
-
-def shipped_profiles() -> dict[str, Profile]:
-    """The profiles that ship in ``rkv/profiles`` by file stem."""
-    out = {}
-    for entry in sorted(resources.files("rkv.profiles").iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".json"):
-            out[entry.name[:-5]] = parse_profile(entry.read_bytes(), f"rkv/profiles/{entry.name}")
-    return out
-
-
-def load_profile(which: str | bytes | ModelSpec | Path) -> Profile:
-    """The profile of a model: a shipped profile's name (``"smollm2-135m"``), model name or
-    fingerprint (hex, bytes, or a :class:`ModelSpec`), or the path of a profile file."""
-    if isinstance(which, ModelSpec):
-        which = which.fingerprint()
-    if isinstance(which, bytes):
-        which = which.hex()
-    if isinstance(which, Path) or (isinstance(which, str) and which.endswith(".json")):
-        return read_profile(which)
-    if not isinstance(which, str):
-        raise ConfigError(f"load_profile takes a name, fingerprint or path, got "
-                          f"{type(which).__name__}")
-    shipped = shipped_profiles()
-    for stem, p in shipped.items():
-        if which in (stem, p.model, p.fingerprint):
-            return p
-    raise ConfigError(f"no quality profile for {which!r}; shipped: "
-                      f"{[f'{s} ({p.model}, {p.fingerprint})' for s, p in shipped.items()]}"
-                      "; run `rkv calibrate` to make one")
-
-
 # -- the calibration run ---------------------------------------------------------------------
 def calibrate(n_windows: int = 24, *, cache: str | Path | None = None,
               sources: tuple[str, ...] = ("topics", "docs"), threads: int = 2,
               quiet: bool = False, model_tok: tuple[Any, Any] | None = None,
-              layers: list[int] | None = None, limit: int | None = None) -> Profile:
+              layers: list[int] | None = None, limit: int | None = None) -> QualityProfile:
     """Measure the SmolLM2 profile on ``n_windows`` windows (only the first ``limit`` of
     them when given: a run that stops early, resumable up to all ``n_windows``). ``cache``
     (JSON Lines): every finished window is appended, and a rerun with the same settings
@@ -328,7 +105,7 @@ def calibrate(n_windows: int = 24, *, cache: str | Path | None = None,
 
 
 def summarize(rows: list[dict[str, Any]], text: list[str], spec: ModelSpec, *,
-              seconds: float, threads: int, scored: int) -> Profile:
+              seconds: float, threads: int, scored: int) -> QualityProfile:
     """The profile from per-window rows (``kl``, ``nll``, ``nll_ref``, ``floor``)."""
     from rkv.eval.calibrate_measure import PREFIX
     from rkv.eval.quality import SMOLLM2_ID
@@ -348,9 +125,9 @@ def summarize(rows: list[dict[str, Any]], text: list[str], spec: ModelSpec, *,
             "ppl_ref": math.exp(sum(float(r["nll_ref"]) for r in rows) / (n * scored)),
             "kl_floor": max(float(r["floor"]) for r in rows),
             "seconds": round(seconds, 1), "threads": threads, "version": 1}
-    return Profile(SMOLLM2_ID if spec.model_id == SMOLLM2_ID else spec.model_id,
-                   spec.fingerprint().hex(), "Q4_1", n, tuple(text), kl, se, ppl,
-                   spec.n_layers, meta)
+    return QualityProfile(kl, SMOLLM2_ID if spec.model_id == SMOLLM2_ID else spec.model_id,
+                          fingerprint=spec.fingerprint().hex(), weights="Q4_1", windows=n,
+                          text=text, kl_se=se, ppl=ppl, meta=meta)
 
 
 def cmd_calibrate(args: Any) -> int:

@@ -319,7 +319,7 @@ def cached_profile(moe: MoEModel, windows: Sequence[Sequence[int]], cache_dir: s
 
 
 def shipped_path(experts: int, top_k: int) -> Path:
-    # A subdirectory: rkv/profiles/*.json are KV quality profiles (rkv.eval.calibrate reads them).
+    # A subdirectory: rkv/profiles/*.json are KV quality profiles (rkv.profiles reads them).
     return Path(__file__).resolve().parent.parent / "profiles" / "moe" / (
         f"smollm2-135m-e{experts}k{top_k}.json")
 

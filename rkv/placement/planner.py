@@ -42,8 +42,8 @@ from rkv.placement.options import (
     recompute_costs,
 )
 from rkv.placement.plan import Plan, PlannedBlock
-from rkv.placement.profile import QualityProfile, as_profile
 from rkv.placement.solver import NoFeasibleChoice, Problem, Solution, solve_exact, solve_fast
+from rkv.profiles import QualityProfile, as_profile
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

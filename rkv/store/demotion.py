@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from rkv.format.model import ModelSpec
     from rkv.placement.plan import PlannedBlock
     from rkv.placement.planner import Planner
-    from rkv.placement.profile import QualityProfile
+    from rkv.profiles import QualityProfile
     from rkv.store.plans import EnginePlacement
 
 class Mover(Protocol):

@@ -35,7 +35,8 @@ from rkv.errors import ConfigError
 from rkv.placement.config import BlockInput, PlacementConfig, TierInput
 from rkv.placement.options import LRU
 from rkv.placement.planner import Planner
-from rkv.placement.profile import QualityProfile
+from rkv.profiles import QualityProfile
+from rkv.profiles import load_profile as named_profile
 
 if TYPE_CHECKING:
     from rkv.format.model import ModelSpec
@@ -110,26 +111,16 @@ def check_plannable(config: EngineConfig) -> None:
 
 
 def _shipped(name: str, quiet: bool = False) -> QualityProfile | None:
+    """The profile :func:`rkv.profiles.load_profile` finds for ``name`` (a shipped profile's
+    file stem, model or fingerprint, or a ``.json`` path); none: None when ``quiet``, else a
+    ConfigError."""
     try:
-        from rkv.eval import calibrate
-    except ImportError:  # pragma: no cover - the calibrate module ships with rkv
-        return None
-    loader = getattr(calibrate, "load_profile", None)
-    if loader is None:
-        return None
-    try:
-        prof = loader(name)
-    except (ConfigError, KeyError, FileNotFoundError):
+        return named_profile(name)
+    except ConfigError:
         if quiet:
             return None
         raise ConfigError(f"placement: no quality profile {name!r} (a path, or a shipped "
                           "profile name)") from None
-    table = getattr(prof, "kl_table", None) or getattr(prof, "kl", None)
-    if isinstance(table, dict):
-        return QualityProfile({"model": name, "kl": table})
-    label = str(getattr(prof, "model", "") or name)
-    return QualityProfile(lambda layer, kind, bits: float(prof.kl(layer, kind, bits)),
-                          model=label)
 
 
 class EnginePlacement:

@@ -19,12 +19,12 @@ from rkv.placement import (
     InfeasiblePlanError,
     PlacementConfig,
     Planner,
-    QualityProfile,
     TierInput,
 )
 from rkv.placement.options import recompute_costs
 from rkv.placement.plan import Plan
 from rkv.placement.solver import NoFeasibleChoice, Problem, solve_fast
+from rkv.profiles import QualityProfile
 
 CODES = ("none", "rs(255,247)", "rs(255,223)")
 BITS = (16, 8, 4)

@@ -1,8 +1,8 @@
-"""PlacementConfig, inputs and quality profiles: loading and validation."""
+"""PlacementConfig and the planner's inputs: loading and validation (quality profiles:
+tests/test_profiles.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,6 @@ from rkv.placement import (
     BlockInput,
     InfeasiblePlanError,
     PlacementConfig,
-    QualityProfile,
     TierInput,
 )
 
@@ -83,24 +82,6 @@ def test_inputs_validate() -> None:
         TierInput("dram", "dram-ddr5", -1, 20.0, 0.1)
     with pytest.raises(ConfigError, match="read_gbps"):
         TierInput("dram", "dram-ddr5", 1, 0.0, 0.1)
-
-
-def test_profile_forms(tmp_path: Path) -> None:
-    doc = {"model": "abc", "kl": {"3:k:4": 0.01, "3:v:4": 0.02}}
-    path = tmp_path / "kl.json"
-    path.write_text(json.dumps(doc))
-    for prof in (QualityProfile.load(path), QualityProfile(doc),
-                 QualityProfile({(3, "k", 4): 0.01, (3, "v", 4): 0.02}),
-                 QualityProfile(lambda layer, kind, bits: 0.01 if kind == "k" else 0.02)):
-        assert prof.kl(3, "k", 4) == 0.01 and prof.kl(3, "v", 16) == 0.0
-        assert prof.kl(3, "kv", 4) == pytest.approx(0.03)
-    assert QualityProfile.load(path).model == "abc"
-    with pytest.raises(ConfigError, match="layer 5 K at 4 bits"):
-        QualityProfile(doc).kl(5, "k", 4)
-    with pytest.raises(ConfigError, match="bad key"):
-        QualityProfile({"3:x:4": 0.1})
-    with pytest.raises(ConfigError, match="finite number"):
-        QualityProfile({"3:k:4": -0.1})
 
 
 def test_infeasible_is_a_config_error() -> None:

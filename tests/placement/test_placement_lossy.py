@@ -15,7 +15,7 @@ from rkv import Engine, EngineConfig, ModelSpec, TierConfig
 from rkv.codec.stages import header_stages, quantizer_for
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.record import decode_record
-from rkv.placement.profile import QualityProfile
+from rkv.profiles import QualityProfile
 from rkv.store.demotion import worst_path_kl
 
 SPEC = ModelSpec("test/lossy", n_layers=4, n_kv_heads=2, head_dim=16, dtype="float16")

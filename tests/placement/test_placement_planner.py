@@ -15,10 +15,10 @@ from rkv.placement import (
     InfeasiblePlanError,
     PlacementConfig,
     Planner,
-    QualityProfile,
     TierInput,
     plan_exact,
 )
+from rkv.profiles import QualityProfile
 
 # Raw-BER models: predict() is quick for them (no clustered classes to sample).
 DRAM = {"model": "raw-ber", "ber": 1e-13}
