@@ -16,21 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rkv.errors import ConfigError, InputError
+from rkv.errors import ConfigError
+from rkv.store.clock import now_ns
 
 if TYPE_CHECKING:
-    from rkv.store.core import Clock, StoreCore
+    from rkv.store.core import StoreCore
     from rkv.store.index import ChunkMeta
-
-def now_ns(clock: Clock) -> int:
-    """``clock()`` checked: an int in 1 .. 2**64 - 1 (0 means "unknown" in a record), else
-    InputError rather than a write time that reads back as something else."""
-    t = clock()
-    if type(t) is not int or not 0 < t < 1 << 64:
-        raise InputError(f"the engine clock returned {t!r}: it must be ns since the epoch, "
-                         "a positive int below 2**64")
-    return t
-
 
 @dataclass(frozen=True, slots=True)
 class BlockAge:

@@ -36,6 +36,7 @@ from rkv.codec.pipeline import Pipeline
 from rkv.errors import ReadOnlyStoreError, StoreClosedError
 from rkv.format.keys import as_token_array, chunk_keys
 from rkv.format.model import ModelSpec, as_model_spec
+from rkv.store.clock import Clock
 from rkv.store.config import EngineConfig
 from rkv.store.decisions import Decisions
 from rkv.store.index import ChunkMeta, Index
@@ -48,10 +49,6 @@ from rkv.tiers import Tier
 if TYPE_CHECKING:
     from rkv.store.accesslog import AccessLog
     from rkv.store.plans import EnginePlacement
-
-#: Ns since the epoch (settable on the engine: fake or fast time in tests and campaigns).
-Clock = Callable[[], int]
-
 
 class Sharing(Protocol):
     """What the parts ask of remote sharing (:class:`rkv.store.remote_share.RemoteShare`)."""

@@ -37,7 +37,7 @@ from rkv.codec.stages import header_stages
 from rkv.errors import ConfigError, IntegrityError
 from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import DecodedRecord, decode_record
-from rkv.store.ages import now_ns
+from rkv.store.clock import now_ns
 from rkv.store.index import ChunkMeta, Index, label_parts
 from rkv.store.storemix import stages_label
 

@@ -26,8 +26,9 @@ from rkv.errors import (
 from rkv.format.model import ModelSpec, as_model_spec
 from rkv.store.ages import BlockAge, block_ages
 from rkv.store.batch import get_many, put_many
+from rkv.store.clock import Clock
 from rkv.store.config import EngineConfig
-from rkv.store.core import Clock, StoreCore
+from rkv.store.core import StoreCore
 from rkv.store.envconfig import apply_env
 from rkv.store.index import Index
 from rkv.store.paths import (

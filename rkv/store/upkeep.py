@@ -27,7 +27,8 @@ from rkv.errors import (
 from rkv.format.keys import block_key, split_block_key
 from rkv.format.model import ModelSpec
 from rkv.format.record import decode_record
-from rkv.store.ages import TierAges, now_ns
+from rkv.store.ages import TierAges
+from rkv.store.clock import now_ns
 from rkv.store.decisions import free_chunk
 from rkv.store.index import INDEX_FORMAT
 from rkv.store.results import (

@@ -28,7 +28,7 @@ from rkv.errors import ConfigError, CorruptStoreError, TierFullError
 from rkv.format.keys import block_key
 from rkv.format.model import ModelSpec
 from rkv.format.record import RecordHeader, encode_array_record
-from rkv.store.ages import now_ns as stamped
+from rkv.store.clock import now_ns as stamped
 from rkv.store.decisions import RECOMPUTE_TPS, Protected, free_chunk
 from rkv.store.index import ChunkMeta
 from rkv.store.results import PutResult
