@@ -44,7 +44,7 @@ def shipped() -> QualityProfile:
     return load_profile("smollm2-135m")
 
 
-# -- the forms a profile is made from ------------------------------------------------------
+# -- the forms a profile is made from --------------------------------------------------------
 def test_profile_forms(tmp_path: Path) -> None:
     doc = {"model": "abc", "kl": {"3:k:4": 0.01, "3:v:4": 0.02}}
     path = tmp_path / "kl.json"
@@ -99,7 +99,7 @@ def test_shipped_profile_monotone_in_bits(shipped: QualityProfile) -> None:
     assert all(p > 1 for p in shipped.ppl.values())
 
 
-# -- Profile.kl and additive -----------------------------------------------------------------
+# -- QualityProfile.kl and additive ----------------------------------------------------------
 def test_kl_lookup_and_additive() -> None:
     p = validate_profile(small_profile())
     assert p.kl(0, "k", 8) == pytest.approx(0.01) and p.kl(1, "v", 2) == pytest.approx(0.12)
