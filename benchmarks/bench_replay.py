@@ -30,7 +30,7 @@ from typing import Any
 
 from policies import available, make_policy
 from policies.belady import Belady, InfiniteCache
-from rkv.eval.replay.report import Layout, parse_layout
+from rkv.eval.replay.layout import Layout, parse_layout
 from rkv.eval.replay.simulate import CostModel, Trace, parse_capacity, prepare, simulate
 from rkv.eval.replay.tiers import Tier, simulate_tiers
 from rkv.format.traces import read_trace

@@ -24,7 +24,8 @@ from policies import (
 )
 from rkv.cli import main
 from rkv.errors import ConfigError
-from rkv.eval.replay.report import format_table, parse_budget, parse_layout
+from rkv.eval.replay.layout import parse_budget, parse_layout
+from rkv.eval.replay.report import format_table
 from rkv.eval.replay.simulate import CostModel, Result, Trace, parse_capacity, prepare, simulate
 from rkv.eval.replay.tiers import Tier, replay_all, run_layouts, simulate_tiers
 from rkv.format.traces import Request, read_trace

@@ -21,18 +21,33 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from rkv.adapters.hf import kv_tensor
+from rkv.adapters.hf_kv import kv_tensor
 from rkv.adapters.hf_store import as_rows
 from rkv.errors import InputError
-from rkv.store.engine import GetResult
-
-if TYPE_CHECKING:
-    from rkv.adapters.hf import HFPrefixCache
+from rkv.store.engine import Engine, GetResult
 
 #: Arguments that would take the cache out of rkv's hands or change the batch's rows.
 _OURS = ("cache", "past_key_values", "assistant_model")
+
+
+class PrefixCache(Protocol):
+    """What :func:`generate` needs of the prefix cache it runs with
+    (:class:`rkv.adapters.hf.HFPrefixCache`)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def store(self) -> bool: ...
+
+    def restore(self, tokens: list[int]) -> tuple[int, Any, GetResult | None]: ...
+
+    def put(self, items: list[tuple[list[int], Any]]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -69,7 +84,7 @@ class GenerateResult:
         return sum(r.stored for r in self.rows)
 
 
-def generate(pc: HFPrefixCache, input_ids: Any, attention_mask: Any = None, *,
+def generate(pc: PrefixCache, input_ids: Any, attention_mask: Any = None, *,
              restore: bool = True, **kwargs: Any) -> GenerateResult:
     """Generate from ``input_ids`` (``[batch, tokens]`` with an optional left- or
     right-padding ``attention_mask``, or lists of ints) with ``pc``'s store as the prefix

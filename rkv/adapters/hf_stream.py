@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rkv.adapters.hf_kv import as_torch_kv
 from rkv.errors import IntegrityError
 
 #: ``() -> (layer, kv)``: the next layer of the stream, ``kv`` ``[2, tokens, heads, dim]``.
@@ -23,8 +24,6 @@ Pull = Callable[[], tuple[int, np.ndarray]]
 
 
 def _tensor(kv: np.ndarray, dtype: Any, device: Any) -> Any:
-    from rkv.adapters.hf import as_torch_kv
-
     t = as_torch_kv(kv, dtype)
     t = t if device is None else t.to(device)
     return t.permute(0, 2, 1, 3)        # [2, T, heads, D] -> [2, heads, T, D]

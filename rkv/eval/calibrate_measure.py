@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rkv.adapters.hf_kv import cache_from_kv, kv_from_cache
 from rkv.errors import InputError
 
 KINDS = ("k", "v")
@@ -232,8 +233,6 @@ def reference(model: Any, ids: Sequence[int], prefix: int = PREFIX) -> Reference
     path with the exact cache, recording each layer's input."""
     import torch
 
-    from rkv.adapters.hf import kv_from_cache
-
     if len(ids) <= prefix + 1:
         raise InputError(f"windows must be longer than prefix + 1 = {prefix + 1} tokens")
     x = torch.tensor([list(ids)])
@@ -300,8 +299,6 @@ def hf_case(model: Any, ids: Sequence[int], ref: Reference, kv2: np.ndarray,
     prefix cache ``kv2`` (a ``DynamicCache``, as ``rkv quality`` does): the independent
     path the fast one is checked against, and how plans are measured."""
     import torch
-
-    from rkv.adapters.hf import cache_from_kv
 
     x = torch.tensor([list(ids)])
     with torch.no_grad():

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from rkv.adapters.hf_kv import cache_from_kv, kv_from_cache
 from rkv.errors import InputError, RkvError
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -375,8 +376,6 @@ def _recompute(model: Any, x: Any, kv: np.ndarray, kv2: np.ndarray | None, pre: 
     """The prefix KV as an engine rebuilds it after a DUE: the verified tokens from
     ``kv2`` as read, the rest recomputed on top of them; and the logits of the last prefix
     token (the first scored token's distribution)."""
-    from rkv.adapters.hf import cache_from_kv, kv_from_cache
-
     m = 0 if kv2 is None else kv2.shape[2]
     if m == 0:                  # nothing usable: the whole prefix, as the reference did it
         return kv, pre.logits[:, -1:]
@@ -403,8 +402,6 @@ def evaluate_many(model: Any, windows: list[list[int]],
     sharing each window's prefill and reference pass (the bulk of the time): one
     :class:`Quality` per setting, in order, each paired with the same reference."""
     import torch
-
-    from rkv.adapters.hf import cache_from_kv, kv_from_cache
 
     accs: list[dict[str, Any]] = [{"report": {}, "snr": [], "attn": [], "windows": []}
                                   for _ in settings]

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from policies.base import Reason
 from rkv.errors import ConfigError, InputError, IntegrityError, TierFullError
 from rkv.format.dtypes import numpy_dtype
+from rkv.moe.cache import DeviceCache, Key
 from rkv.moe.expert_plans import ExpertInput, ExpertPlan, plan_experts
 from rkv.moe.experts import ExpertWeights
 from rkv.moe.store import (
@@ -37,12 +40,46 @@ from rkv.moe.store import (
 )
 from rkv.placement.config import PlacementConfig, TierInput
 from rkv.store.config import TierConfig
+from rkv.tiers import Tier
 
 if TYPE_CHECKING:
-    from rkv.adapters.moe import RkvExperts
     from rkv.moe.profile import ExpertProfile
 
 _BATCH = 32            # moves per manifest update
+
+
+class ReplanTarget(Protocol):
+    """What :func:`replan` needs of the adapter whose records it moves
+    (:class:`rkv.adapters.moe.RkvExperts`, above this package): the store's directory,
+    fingerprint, tiers and their configs, the experts' records (``infos``, which a replan
+    switches to the moved ones), the device cache, the loads seen, and the adapter's lock and
+    fault report."""
+
+    infos: list[list[ExpertInfo]]
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def fingerprint(self) -> bytes: ...
+
+    @property
+    def tier_configs(self) -> Sequence[TierConfig]: ...
+
+    @property
+    def tiers(self) -> Mapping[str, Tier]: ...
+
+    @property
+    def cache(self) -> DeviceCache: ...
+
+    @property
+    def _lock(self) -> AbstractContextManager[Any]: ...
+
+    def usage(self) -> tuple[dict[Key, float], int]: ...
+
+    def settle(self) -> None: ...
+
+    def _fault(self, layer: int, expert: int, tier: str, exc: BaseException) -> None: ...
 
 
 def tier_inputs(cfgs: Sequence[TierConfig], reserved: Mapping[str, int]) -> list[TierInput]:
@@ -105,7 +142,7 @@ class ReplanReport:
         return {**d, "plan": {k: v for k, v in self.plan.to_dict().items() if k != "choices"}}
 
 
-def replan(rx: RkvExperts, placement: PlacementConfig | Mapping[str, Any] | None = None,
+def replan(rx: ReplanTarget, placement: PlacementConfig | Mapping[str, Any] | None = None,
            profile: ExpertProfile | None = None, *,
            experts: Sequence[Sequence[ExpertWeights]] | None = None,
            kl_budget: float | None = None, min_steps: int = 1) -> ReplanReport:
@@ -152,7 +189,7 @@ def replan(rx: RkvExperts, placement: PlacementConfig | Mapping[str, Any] | None
                         time.perf_counter() - t0)
 
 
-def _move_batch(rx: RkvExperts, batch: Sequence[Any],
+def _move_batch(rx: ReplanTarget, batch: Sequence[Any],
                 experts: Sequence[Sequence[ExpertWeights]] | None, rank: Mapping[str, int],
                 counts: dict[str, int]) -> None:
     """Write the batch's new records, switch the manifest (and the adapter) to them, then
@@ -193,7 +230,7 @@ def _move_batch(rx: RkvExperts, batch: Sequence[Any],
         rx.tiers[tier].delete(key)
 
 
-def _new_record(rx: RkvExperts, info: ExpertInfo, c: Any, pipe: Any,
+def _new_record(rx: ReplanTarget, info: ExpertInfo, c: Any, pipe: Any,
                 experts: Sequence[Sequence[ExpertWeights]] | None) -> Any:
     """The expert's record under its new pipeline: from the original weights when its bits
     change, else re-encoded from a verified read of its current record or backup (None when

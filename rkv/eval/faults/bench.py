@@ -14,17 +14,15 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from rkv.eval.faults.campaign_types import CampaignConfig
 from rkv.eval.faults.harness import OUTCOMES, Harness
 from rkv.format.dtypes import numpy_dtype
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.reliability.protection import RAW
-
-if TYPE_CHECKING:
-    from rkv.eval.faults.campaign import CampaignConfig
 
 __all__ = ["OUTCOMES", "TrialResult"]
 
@@ -113,8 +111,6 @@ class _Bench:
 
 def _worker(cfg_dict: dict[str, Any], trials: list[tuple[int, int]], conditional: bool,
             plan: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    from rkv.eval.faults.campaign import CampaignConfig
-
     cfg = CampaignConfig.from_dict(cfg_dict)
     root = Path(tempfile.mkdtemp(prefix="rkv-campaign-"))
     bench = _Bench(cfg, root)

@@ -7,15 +7,13 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rkv.errors import ConfigError
+from rkv.eval.faults.campaign_types import CampaignConfig, Summary
 from rkv.eval.faults.harness import OUTCOMES
 from rkv.ui.sizes import human_bytes
 from rkv.ui.tables import Column, check_format, render
-
-if TYPE_CHECKING:
-    from rkv.eval.faults.campaign import CampaignConfig, Summary
 
 __all__ = ["explain_agreement", "fault_model_text", "format_report", "format_summary",
            "outcome_rows", "verdict"]
@@ -37,8 +35,6 @@ def _preset_note(name: str) -> str:
 
 
 def _config(s: Summary) -> CampaignConfig:
-    from rkv.eval.faults.campaign import CampaignConfig
-
     return CampaignConfig.from_dict(dict(s.config))
 
 

@@ -59,7 +59,7 @@ from policies.belady import Belady, InfiniteCache
 from policies.prefetch import make_prefetch
 from rkv.checks import as_float, as_int, one_of
 from rkv.errors import ConfigError
-from rkv.eval.replay.report import Layout, budget_bytes
+from rkv.eval.replay.layout import Layout, budget_bytes
 from rkv.eval.replay.simulate import (
     BELADY,
     DEFAULT_BANDWIDTH,
