@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from rkv.adapters.hf_generate import GenerateResult, generate
-from rkv.adapters.hf_kv import as_torch_kv, cache_from_kv, kv_from_cache, kv_tensor
 from rkv.adapters.hf_store import as_rows, model_dtype, resolve_spec, spec_for, stored_prefix
 from rkv.adapters.hf_stream import streamed_cache
 from rkv.errors import ShapeError
+from rkv.format.hf_kv import as_torch_kv, cache_from_kv, kv_from_cache, kv_tensor
 from rkv.format.model import ModelSpec
 from rkv.store.engine import Engine, GetResult
 
-#: The KV conversions are :mod:`rkv.adapters.hf_kv`'s, importable from here too.
+#: The KV conversions are :mod:`rkv.format.hf_kv`'s, importable from here too.
 __all__ = ["HFPrefixCache", "PrefillResult", "as_torch_kv", "cache_from_kv", "kv_from_cache",
            "kv_tensor", "model_spec"]
 

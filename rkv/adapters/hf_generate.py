@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rkv.adapters.hf_kv import kv_tensor
 from rkv.adapters.hf_store import as_rows
 from rkv.errors import InputError
+from rkv.format.hf_kv import kv_tensor
 from rkv.store.engine import Engine, GetResult
 
 #: Arguments that would take the cache out of rkv's hands or change the batch's rows.

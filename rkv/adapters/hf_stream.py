@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from rkv.adapters.hf_kv import as_torch_kv
 from rkv.errors import IntegrityError
+from rkv.format.hf_kv import as_torch_kv
 
 #: ``() -> (layer, kv)``: the next layer of the stream, ``kv`` ``[2, tokens, heads, dim]``.
 Pull = Callable[[], tuple[int, np.ndarray]]

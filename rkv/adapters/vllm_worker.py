@@ -165,7 +165,7 @@ class WorkerSide:
         """Take the next layer of ``ld``'s stream and scatter what verified."""
         import torch
 
-        from rkv.adapters.hf_kv import as_torch_kv
+        from rkv.format.hf_kv import as_torch_kv
 
         w, stream = ld.work, ld.stream
         assert stream is not None

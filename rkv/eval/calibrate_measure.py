@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from rkv.adapters.hf_kv import cache_from_kv, kv_from_cache
 from rkv.errors import InputError
+from rkv.format.hf_kv import cache_from_kv, kv_from_cache
 
 KINDS = ("k", "v")
 BITS = (8, 4, 2)

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from rkv.adapters.hf_kv import cache_from_kv, kv_from_cache
 from rkv.errors import InputError, RkvError
+from rkv.format.hf_kv import cache_from_kv, kv_from_cache
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct@Q4_1"

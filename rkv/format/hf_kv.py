@@ -2,9 +2,10 @@
 ``[layers, 2, tokens, kv_heads, head_dim]`` arrays (torch and transformers are imported only
 when a conversion runs).
 
-The adapter's parts share these: :mod:`rkv.adapters.hf` (restore and store),
-:mod:`rkv.adapters.hf_generate` and :mod:`rkv.adapters.hf_stream`, and the quality and
-calibration runs in :mod:`rkv.eval`, which take a model's KV apart without the adapter.
+A layout conversion like :mod:`rkv.format.tensors`'s, so it sits with the formats, below
+both of its users: the Hugging Face adapter (:mod:`rkv.adapters.hf`, ``hf_generate``,
+``hf_stream``) and the quality and calibration runs in :mod:`rkv.eval`, which take a
+model's KV apart without the adapter.
 """
 
 from __future__ import annotations
