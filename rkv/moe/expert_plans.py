@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rkv.errors import ConfigError
+from rkv.format.dtypes import check_dtype
 from rkv.placement.config import PlacementConfig, TierInput
 from rkv.placement.errors import InfeasiblePlanError
 from rkv.placement.options import DEFAULT_CACHE, GIB, MODELS, ReliabilityCache, by_value
@@ -58,9 +59,7 @@ class ExpertInput:
             lo = 0 if key in ("layer", "expert") else 1
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"expert: {key} must be an integer >= {lo}, got {v!r}")
-        if self.dtype not in ("float16", "bfloat16", "float32"):
-            raise ConfigError(f"expert: dtype must be float16, bfloat16 or float32, got "
-                              f"{self.dtype!r}")
+        check_dtype(self.dtype, "expert: dtype")
         if isinstance(self.loads, bool) or not (self.loads >= 0 and math.isfinite(self.loads)):
             raise ConfigError(f"expert: loads must be a finite number >= 0, got {self.loads!r}")
 

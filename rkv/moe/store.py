@@ -45,7 +45,7 @@ from rkv.errors import (
     TierFullError,
     UncorrectableError,
 )
-from rkv.format.dtypes import numpy_dtype
+from rkv.format.dtypes import DTYPES, NAMES, numpy_dtype
 from rkv.format.keys import block_key
 from rkv.format.record import RecordHeader, decode_record
 from rkv.moe.experts import ExpertWeights
@@ -61,7 +61,6 @@ FORMAT = "rkv-moe-1"
 FULL, LOW = 0, 1
 _KEY = struct.Struct("<HIB")
 _BATCH = 32           # records per write transaction when creating a store
-_DTYPES = {"float16", "bfloat16", "float32"}
 
 
 def model_fingerprint(fingerprint: bytes | str) -> bytes:
@@ -108,8 +107,8 @@ class ExpertInfo:
 
 def dtype_of(w: ExpertWeights) -> str:
     name = np.dtype(w.gate.dtype).name
-    if name not in _DTYPES:
-        raise ShapeError(f"expert weights must be float16, bfloat16 or float32, got {name}")
+    if name not in DTYPES:
+        raise ShapeError(f"expert weights must be one of {', '.join(NAMES)}, got {name}")
     return name
 
 

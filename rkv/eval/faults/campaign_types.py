@@ -15,6 +15,7 @@ import numpy as np
 
 from rkv.checks import as_float, as_int, as_str, as_table, check_keys, one_of
 from rkv.errors import ConfigError
+from rkv.format.dtypes import NAMES
 from rkv.format.model import ModelSpec
 from rkv.reliability.analytic import Prediction
 from rkv.reliability.protection import RAW
@@ -63,7 +64,7 @@ class CampaignConfig:
         as_float(self.hours, "campaign hours", lo=0)
         one_of(self.sampling, SAMPLING, "campaign sampling")
         one_of(self.bits, (16, 8, 4, 2), "campaign bits (16: values as they are)")
-        one_of(self.dtype, ("float16", "bfloat16", "float32"), "campaign dtype")
+        one_of(self.dtype, NAMES, "campaign dtype")
         as_int(self.seed, "campaign seed", lo=0)
         if not isinstance(self.fault_model, str):
             as_table(self.fault_model, "campaign fault_model", what="a preset name or a table")
