@@ -6,7 +6,7 @@ written in it, so one string means the same wherever it is given. This module kn
 policy and no codec (rkv's registries, :mod:`rkv.specs`, use it too; that is why it lives in
 a package that imports nothing of rkv).
 
-- ``name``: a letter or ``_``, then letters, digits or ``_``; compared lower-cased.
+- ``name``: a letter or ``_``, then letters, digits, ``_`` or ``-``; compared lower-cased.
 - Arguments are split at the commas outside parentheses; positional ones come first.
 - A value is an integer (``12``, ``-3``), a float (``0.1``, ``1e-9``), ``true``/``false``
   (any case), a quoted string (``'crc32c'``, ``"x"``), or else the text as written
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_CALL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*$", re.DOTALL)
+_CALL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_-]*)\s*(?:\((.*)\))?\s*$", re.DOTALL)
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][+-]?\d+|\.\d+[eE][+-]?\d+)$")

@@ -13,17 +13,18 @@ import pytest
 from rkvtest import SMALL, random_kv
 from test_decisions import one_tier, toks
 
-from policies import PolicyError, register
+import policies.table
+from policies import PolicyError
 from policies.lru import LRU
 from rkv import Engine
 from rkv.errors import ConfigError, PolicyContractError, RkvError
 
 
-@register("test-broken")
 class Broken(LRU):
     """LRU, except that while ``lie`` is set its ``honest``-th and later answers break the
     contract (shared by every instance: the engine rebuilds its policies after a failure)."""
 
+    name = "test-broken"      # what register() would set
     lie: str | None = None
     honest = 0
 
@@ -37,6 +38,14 @@ class Broken(LRU):
         if Broken.lie == "unknown":
             return [b"not a chunk of this tier"]
         return []                                  # "short": frees nothing
+
+
+@pytest.fixture(autouse=True)
+def broken_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``test-broken`` is registered for these tests only: registered at import it would be
+    in every worker's table for the whole run, and tests that try every available policy
+    would meet it."""
+    monkeypatch.setitem(policies.table._TABLE, "test-broken", Broken)
 
 
 @pytest.mark.parametrize("lie,match", [("protected", "is protected"),
