@@ -24,12 +24,12 @@ class PrefixModel:
         self.L = 0.0
 
     def _count(self, key: Hashable) -> int:
-        self.hist[key] = self.hist.get(key, 0) + 1
+        n = self.hist[key] = self.hist.get(key, 0) + 1
         self.ticks += 1
         if self.ticks >= self.history * max(len(self.items), 64):
             self.ticks = 0
             self.hist = {k: c // 2 for k, c in self.hist.items() if c // 2}
-        return self.hist[key]
+        return n     # this access's count, before an aging it triggers (the key may be gone)
 
     def _set(self, key: Hashable) -> None:
         it = self.items[key]
