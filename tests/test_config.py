@@ -65,3 +65,21 @@ def test_load_missing_file(tmp_path: Path) -> None:
         EngineConfig.load(tmp_path / "nope.toml")
     (tmp_path / "c.toml").write_text(EngineConfig().to_toml())
     assert EngineConfig.load(tmp_path / "c.toml") == EngineConfig()
+
+
+def test_nested_tables_are_parsed_once_and_round_trip_as_written() -> None:
+    from rkv.placement.config import PlacementConfig
+    from rkv.store.plans import EnginePlacement
+    from rkv.store.scrub_report import ScrubConfig
+
+    cfg = EngineConfig(placement={"max_p_due": 1e-12}, scrub={"margin": 2})
+    assert isinstance(cfg.placement_config, PlacementConfig)
+    assert cfg.placement_config is cfg.placement_config          # one parse, kept
+    assert isinstance(cfg.scrub_config, ScrubConfig) and cfg.scrub_config.margin == 2
+    placement = EnginePlacement.for_engine(cfg)
+    assert placement is not None and placement.cfg is cfg.placement_config
+    again = EngineConfig.from_toml(cfg.to_toml())
+    assert again.placement == {"max_p_due": 1e-12} and again == cfg
+    assert EngineConfig().placement_config is None
+    with pytest.raises(ConfigError, match="placement"):
+        EngineConfig(placement={"max_p_due": -1})

@@ -68,7 +68,7 @@ def cmd_plan(args: Any) -> int:
     spec = _model(args.model)
     tier = args.tier or cfg.tiers[0].name
     cfg.tier(tier)
-    placement = EnginePlacement(PlacementConfig.from_dict(cfg.placement), cfg.tiers)
+    placement = EnginePlacement(cfg.placement_config or PlacementConfig.from_dict({}), cfg.tiers)
     n = cfg.chunk_tokens
     tokens = [min(n, args.tokens - s) for s in range(0, args.tokens, n)]
     planner = placement.planner(spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,8 @@ from rkv.checks import (
     one_of,
 )
 from rkv.errors import ConfigError
+from rkv.placement.config import PlacementConfig
+from rkv.store.scrub_report import ScrubConfig
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -243,18 +246,22 @@ class EngineConfig:
             _check_policy(self.promote, "promote", 1, kind="admission")
         _check_policy(self.prefetch, "prefetch", 1, kind="prefetch")
         as_table(self.placement, "placement", what="a table (see docs/placement.md)")
-        if self.placement:
-            from rkv.placement.config import PlacementConfig
-
-            PlacementConfig.from_dict(self.placement)   # validated now, used by the engine
         as_table(self.scrub, "scrub", what="a table (see docs/scrub.md)")
-        if self.scrub:
-            from rkv.store.scrub_report import ScrubConfig
-
-            ScrubConfig.from_dict(self.scrub)           # validated now, used by the engine
+        _ = self.placement_config, self.scrub_config     # parsed (and so checked) once, now
         as_float(self.scrub_target_p_due, "scrub_target_p_due", lo=1e-300, hi=1.0,
                  hi_open=True)
         as_int(self.codec_threads, "codec_threads", lo=0, hi=4096)
+
+    @cached_property
+    def placement_config(self) -> PlacementConfig | None:
+        """The ``[placement]`` table, parsed once (None: no placement); what the engine and
+        ``rkv plan`` use. ``placement`` keeps the table as written, for the round trip."""
+        return PlacementConfig.from_dict(self.placement) if self.placement else None
+
+    @cached_property
+    def scrub_config(self) -> ScrubConfig:
+        """The ``[scrub]`` table, parsed once (defaults for an empty table)."""
+        return ScrubConfig.from_dict(self.scrub)
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:

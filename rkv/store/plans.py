@@ -106,8 +106,8 @@ def check_plannable(config: EngineConfig) -> None:
         except (ValueError, TypeError, KeyError) as exc:   # FaultModelError is a ValueError
             raise ConfigError(f"tier {t.name}: fault_model {t.fault_model!r}: {exc}"
                               ) from None
-    if config.placement:
-        load_profile(PlacementConfig.from_dict(config.placement), None)
+    if config.placement_config is not None:
+        load_profile(config.placement_config, None)
 
 
 def _shipped(name: str, quiet: bool = False) -> QualityProfile | None:
@@ -148,9 +148,9 @@ class EnginePlacement:
     @classmethod
     def for_engine(cls, config: EngineConfig) -> EnginePlacement | None:
         """The placement of an engine config (None: its ``placement`` table is empty)."""
-        if not config.placement:
+        if config.placement_config is None:
             return None
-        return cls(PlacementConfig.from_dict(config.placement), config.tiers)
+        return cls(config.placement_config, config.tiers)
 
     def planner(self, spec: ModelSpec, over: PlacementConfig | None = None) -> Planner:
         """The planner of ``spec``'s puts (``over``: a put's own targets, see

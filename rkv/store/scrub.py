@@ -416,7 +416,7 @@ def start_background(core: StoreCore) -> BackgroundScrubber | None:
     """The background scrubber of ``engine``'s ``[scrub]`` table (None: ``enabled = false``)."""
     if core.config.scrub.get("enabled", True) is False:
         return None
-    return BackgroundScrubber(core, ScrubConfig.from_dict(core.config.scrub))
+    return BackgroundScrubber(core, core.config.scrub_config)
 
 
 def scrub(core: StoreCore, config: ScrubConfig | None = None, *,
