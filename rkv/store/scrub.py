@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from policies.base import Reason
-from rkv.codec.blockcodec import reencode
 from rkv.errors import ConfigError, IntegrityError
 from rkv.format.keys import block_key
 from rkv.format.model import ModelSpec
@@ -46,7 +45,7 @@ from rkv.store.ages import block_ages
 from rkv.store.decisions import Protected, free_chunk
 from rkv.store.results import CORRECTED, DEGRADED, MISSING, OK, UNCORRECTABLE
 from rkv.store.scrub_report import ScrubConfig, ScrubReport, TierScrub
-from rkv.store.upkeep import rewrite_blocks, rewrite_codec
+from rkv.store.upkeep import rewrite_blocks, rewrite_pipeline
 from rkv.store.upkeep import stats as store_stats
 
 __all__ = ["BackgroundScrubber", "ScrubConfig", "ScrubReport", "Scrubber", "TierScrub",
@@ -386,8 +385,8 @@ class Scrubber:
                                           meta.n_tokens, None, -1, erased,
                                           meta.written_at(layer))
                 dec = decode_record(rec)
-                return name, reencode(rec, dec, rewrite_codec(core, tier, dec), erased,
-                                      written_ns=core.clock())
+                return name, rewrite_pipeline(core, tier, dec).reencode(
+                    rec, dec, erased, written_ns=core.clock())
             except IntegrityError:
                 continue
         return None

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rkv.codec.blockcodec import reencode
+from rkv.codec.pipeline import Pipeline
 from rkv.codec.stages import header_stages
 from rkv.errors import (
     ConfigError,
@@ -256,12 +256,13 @@ def repair_blocks(core: StoreCore, items: list[tuple[bytes, int, str]]) -> int:
     return repaired
 
 
-def rewrite_codec(core: StoreCore, tier: str, dec: Any) -> Any:
-    """The code a block rewritten into ``tier`` gets: the tier's ECC, or with placement
-    the code the record has (it was planned for this tier)."""
+def rewrite_pipeline(core: StoreCore, tier: str, dec: Any) -> Pipeline:
+    """What a block rewritten into ``tier`` is re-encoded with (:meth:`Pipeline.reencode`
+    keeps the record's own quantization): the tier's pipeline, or with placement the one
+    the record has (it was planned for this tier)."""
     if core.placement is None:
-        return core.codecs[tier]
-    return header_stages(dec.header)[1]
+        return core.pipeline(tier)
+    return Pipeline.of_record(dec.header)
 
 
 def rewrite_blocks(core: StoreCore, items: list[tuple[bytes, int, str]]) -> list[bool]:
@@ -287,8 +288,8 @@ def rewrite_blocks(core: StoreCore, items: list[tuple[bytes, int, str]]) -> list
                     continue
                 dec = decode_record(record)
                 quant, _ = header_stages(dec.header)
-                codec = rewrite_codec(core, tier, dec)
-                rec = reencode(record, dec, codec, erased, stamp)
+                pipe = rewrite_pipeline(core, tier, dec)
+                rec = pipe.reencode(record, dec, erased, stamp)
             except IntegrityError:
                 continue  # no longer correctable (or unreadable): reads keep reporting it
             size = memoryview(rec).nbytes
@@ -297,7 +298,7 @@ def rewrite_blocks(core: StoreCore, items: list[tuple[bytes, int, str]]) -> list
             blocks, pipes = list(meta.blocks), [meta.pipe(i) for i in range(len(meta.blocks))]
             written = [meta.written_at(i) for i in range(len(blocks))]
             blocks[layer], pipes[layer], written[layer] = (tier, size), \
-                stages_label(quant, codec), stamp
+                stages_label(quant, pipe.codec), stamp
             ix.put_chunk(txn, key, meta.with_(blocks=tuple(blocks), pipes=tuple(pipes),
                                               written=tuple(written)), meta)
             pending.write(tier, bkey, rec, size)
