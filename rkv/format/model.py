@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rkv.errors import ConfigError
-from rkv.format.dtypes import NAMES
+from rkv.format.dtypes import NAMES, check_dtype
 
 #: dtypes a KV tensor may have, by canonical name (the table: :mod:`rkv.format.dtypes`).
 KV_DTYPES = NAMES
@@ -53,8 +53,7 @@ class ModelSpec:
             raise ConfigError("ModelSpec.n_layers must be at most 65535")
         if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
             raise ConfigError(f"ModelSpec.tp_rank must be in [0, tp_size), got {self.tp_rank!r}")
-        if self.dtype not in KV_DTYPES:
-            raise ConfigError(f"ModelSpec.dtype must be one of {KV_DTYPES}, got {self.dtype!r}")
+        check_dtype(self.dtype, "ModelSpec.dtype")
         if not isinstance(self.revision, str) or not isinstance(self.layout, str):
             raise ConfigError("ModelSpec.revision and layout must be strings")
         extra = self.extra
