@@ -59,6 +59,11 @@ class Pipeline:
         return 16 if self.quant is None else int(self.quant.bits)
 
     @property
+    def width(self) -> tuple[int, int]:
+        """(key bits, value bits) (16, 16 when not quantized)."""
+        return (16, 16) if self.quant is None else self.quant.widths
+
+    @property
     def spec(self) -> str:
         q = "none" if self.quant is None else self.quant.spec
         c = "none" if self.codec is None else self.codec.spec

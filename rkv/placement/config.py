@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from rkv.checks import (
 )
 from rkv.errors import ConfigError
 from rkv.inputs import load_toml, read_text
+from rkv.quant.widths import QUANT_BITS, Width, uniform
 
 BITS_ALLOWED = (16, 8, 4, 2)
 DEFAULT_CODES = (
@@ -39,8 +41,34 @@ DEFAULT_CODES = (
 KINDS = ("k", "v", "kv")
 DEFAULT_RECOMPUTE_US_PER_TOKEN = 100.0
 _KEYS = ("max_p_sdc", "max_p_due", "quality_budget_kl", "recompute_us_per_token",
-         "recompute_us_per_chunk", "bits", "codes", "capacity_cost", "lossy_demotion",
-         "residency_hours", "reuse", "estimate", "profile")
+         "recompute_us_per_chunk", "bits", "kv_bits", "codes", "capacity_cost",
+         "lossy_demotion", "residency_hours", "reuse", "estimate", "profile")
+
+
+def adjacent_pairs(bits: Sequence[int]) -> tuple[Width, ...]:
+    """The default split widths: each pair of neighbouring quantized widths in ``bits``,
+    keys above values first ((8, 4), (4, 8), (4, 2), (2, 4) for bits 8, 4, 2)."""
+    q = sorted((b for b in bits if b in QUANT_BITS), reverse=True)
+    return tuple(w for hi, lo in pairwise(q) for w in ((hi, lo), (lo, hi)))
+
+
+def _pairs(v: Any) -> tuple[Width, ...]:
+    """``kv_bits`` as a tuple of (key bits, value bits), each checked."""
+    if isinstance(v, str) or not isinstance(v, Sequence):
+        raise ConfigError(f"placement: kv_bits must be a list of [key bits, value bits] "
+                          f"pairs, got {v!r}")
+    out = []
+    for w in v:
+        ok = (not isinstance(w, str) and isinstance(w, Sequence) and len(w) == 2
+              and all(type(b) is int and b in QUANT_BITS for b in w) and w[0] != w[1])
+        if not ok:
+            raise ConfigError(f"placement: kv_bits entries must be [key bits, value bits], "
+                              f"two different values of 8, 4, 2 (equal widths belong in "
+                              f"bits), got {w!r}")
+        out.append((int(w[0]), int(w[1])))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"placement: kv_bits has a pair twice: {v!r}")
+    return tuple(out)
 
 
 def _prob(d: Mapping[str, Any], key: str, default: float) -> float:
@@ -61,7 +89,10 @@ class PlacementConfig:
     request, summed over the blocks of a put. Recompute cost of one chunk: either
     ``recompute_us_per_token`` x its tokens or a flat ``recompute_us_per_chunk`` (set at most
     one; neither means 100 us per token).
-    ``bits`` a subset of {16, 8, 4, 2}; ``codes`` codec specs (``"none"`` = the end-to-end
+    ``bits`` a subset of {16, 8, 4, 2} (K and V of a block at the same width); ``kv_bits``
+    (key bits, value bits) pairs of different widths from {8, 4, 2} offered to blocks that
+    hold K and V (kind ``"kv"``) besides those (None, the default: :func:`adjacent_pairs` of
+    ``bits``; ``()``: none); ``codes`` codec specs (``"none"`` = the end-to-end
     checksum alone). ``capacity_cost``: per tier name, microseconds-equivalent per GiB stored
     (tiers not named cost 0). ``lossy_demotion``: whether a later demotion may re-quantize a
     block (recorded for the demotion re-planner; the put planner does not use it).
@@ -80,6 +111,7 @@ class PlacementConfig:
     recompute_us_per_chunk: float | None = None
     bits: tuple[int, ...] = (16, 8, 4)
     codes: tuple[str, ...] = DEFAULT_CODES
+    kv_bits: tuple[Width, ...] | None = None
     capacity_cost: Mapping[str, float] = field(default_factory=dict)
     lossy_demotion: bool = False
     residency_hours: float = 24.0
@@ -101,10 +133,16 @@ class PlacementConfig:
                               "recompute_us_per_chunk, not both")
         for key, v in (("recompute_us_per_token", tok), ("recompute_us_per_chunk", chunk)):
             _nonneg({key: v}, key, None)
-        if not self.bits or any(isinstance(b, bool) or b not in BITS_ALLOWED
-                                for b in self.bits) or len(set(self.bits)) != len(self.bits):
+        if not isinstance(self.bits, tuple) or any(
+                isinstance(b, bool) or b not in BITS_ALLOWED for b in self.bits) or len(
+                set(self.bits)) != len(self.bits):
             raise ConfigError(f"placement: bits must be distinct values from {{16, 8, 4, 2}}, "
                               f"got {list(self.bits)!r}")
+        pairs = _pairs(self.kv_bits) if self.kv_bits is not None else None
+        if pairs is not None:
+            object.__setattr__(self, "kv_bits", pairs)
+        if not self.widths:
+            raise ConfigError("placement: bits (and kv_bits) offer no width at all")
         if not self.codes or len(set(self.codes)) != len(self.codes):
             raise ConfigError(f"placement: codes must be a non-empty list of distinct codec "
                               f"specs, got {list(self.codes)!r}")
@@ -152,6 +190,8 @@ class PlacementConfig:
                 if isinstance(v, str) or not isinstance(v, Sequence):
                     raise ConfigError(f"placement: {key} must be a list, got {v!r}")
                 kw[key] = tuple(v)
+        if "kv_bits" in d:
+            kw["kv_bits"] = _pairs(d["kv_bits"])
         if "capacity_cost" in d:
             cc = as_table(d["capacity_cost"], "placement: capacity_cost",
                           what="a table of tier = cost per GiB", plain=False)
@@ -179,11 +219,33 @@ class PlacementConfig:
             "residency_hours": self.residency_hours, "reuse": self.reuse,
             "estimate": self.estimate, "profile": self.profile,
         }
+        if self.kv_bits is not None:      # None: the default pairs follow bits
+            d["kv_bits"] = [list(w) for w in self.kv_bits]
         if self.recompute_us_per_chunk is not None:
             d["recompute_us_per_chunk"] = self.recompute_us_per_chunk
         elif self.recompute_us_per_token is not None:
             d["recompute_us_per_token"] = self.recompute_us_per_token
         return d
+
+    @property
+    def split_widths(self) -> tuple[Width, ...]:
+        """The (key bits, value bits) pairs of different widths in effect."""
+        return adjacent_pairs(self.bits) if self.kv_bits is None else self.kv_bits
+
+    @property
+    def widths(self) -> tuple[Width, ...]:
+        """Every width a ``"kv"`` block may take: ``bits`` (K = V), then ``kv_bits``."""
+        return tuple(uniform(b) for b in self.bits) + self.split_widths
+
+    def fixed(self, width: Width) -> PlacementConfig:
+        """This config offering only ``width`` (and no KL limit: a block keeping the width it
+        has keeps the KL it already costs)."""
+        from dataclasses import replace
+
+        k, v = width
+        if k == v:
+            return replace(self, bits=(k,), kv_bits=(), quality_budget_kl=1e300)
+        return replace(self, bits=(), kv_bits=((k, v),), quality_budget_kl=1e300)
 
     @property
     def us_per_token(self) -> float:

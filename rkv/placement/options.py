@@ -1,4 +1,7 @@
-"""Options per block: every tier x bits x code, with its bytes, P(DUE), P(SDC) and cost terms.
+"""Options per block: every tier x width x code, with its bytes, P(DUE), P(SDC) and cost terms.
+
+A *width* is (key bits, value bits): the config's ``bits`` give K and V the same width, its
+``kv_bits`` pairs of different ones (offered only to ``"kv"`` blocks, which hold both).
 
 Blocks that share a shape, kind and residency share one *template* (the per-option bytes,
 probabilities and per-read cost), computed once per tier set and cached; a put's option table
@@ -23,6 +26,7 @@ import numpy.typing as npt
 from rkv.errors import ConfigError
 from rkv.format.dtypes import check_dtype
 from rkv.placement.config import BlockInput, PlacementConfig, TierInput
+from rkv.quant.widths import Width, quant_spec, uniform
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -161,9 +165,10 @@ MODELS = ModelCache()
 
 @dataclass(frozen=True)
 class Template:
-    """Per option (tier-major, then bits, then code): its tier index, bits, code index,
+    """Per option (tier-major, then width, then code): its tier index, key bits, code index,
     record bytes, data bytes, P(DUE), P(SDC), microseconds per read and capacity cost, and
-    whether it meets the reliability limits and survives dominance pruning."""
+    whether it meets the reliability limits and survives dominance pruning; ``width`` indexes
+    the config's :attr:`~PlacementConfig.widths` and ``vbits`` are the values' bits."""
 
     tier: I64
     bits: I64
@@ -177,66 +182,84 @@ class Template:
     meets: npt.NDArray[np.bool_]
     kept: npt.NDArray[np.bool_]
     p_degraded: F64 | None = None     # tolerant layouts only (None: all zero)
+    width: I64 | None = None          # index into PlacementConfig.widths (None: bits order)
+    vbits: I64 | None = None          # the values' bits (None: equal to bits)
 
 
 def class_key(b: BlockInput) -> tuple[Any, ...]:
     return (b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, b.residency_hours)
 
 
-def data_bytes(b: BlockInput, bits: int) -> int:
-    """Bytes of the block's data at ``bits`` (quantized size from the quantizer itself). A
-    ``k`` or ``v`` block is half of its pair's encoding (rounded up)."""
-    return _data_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, bits)
+def _width(bits: int | Width) -> Width:
+    return uniform(bits) if isinstance(bits, int) else bits
+
+
+def data_bytes(b: BlockInput, bits: int | Width) -> int:
+    """Bytes of the block's data at ``bits`` (a bit-width for K and V, or a (key bits,
+    value bits) width; quantized size from the quantizer itself). A ``k`` or ``v`` block is
+    half of its pair's encoding at equal widths (rounded up)."""
+    return _data_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, _width(bits))
 
 
 @lru_cache(maxsize=4096)
-def _data_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, bits: int) -> int:
+def _data_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, w: Width) -> int:
     from rkv.codec.stages import quantizer_for
 
     item = check_dtype(dtype, "block: dtype").itemsize
     shape = (2, tokens, heads, dim)
-    q = quantizer_for(f"kivi(bits={bits})") if bits < 16 else None
+    q = quantizer_for(quant_spec(w))
     full = (q.encoded_size(shape, dtype) if q is not None
             else 2 * tokens * heads * dim * item)
     return full if kind == "kv" else -(-full // 2)
 
 
-def record_bytes(b: BlockInput, bits: int, code: str) -> int:
+def record_bytes(b: BlockInput, bits: int | Width, code: str) -> int:
     """Bytes of the record the engine writes (framing, header copies, codec parity)."""
-    return _record_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, bits, code)
+    return _record_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, _width(bits),
+                         code)
 
 
 @lru_cache(maxsize=4096)
-def _record_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, bits: int,
+def _record_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, w: Width,
                   code: str) -> int:
     from rkv.codec.pipeline import Pipeline
 
     if kind == "kv":
         shape = (2, tokens, heads, dim)
-        pipe = Pipeline.parse(f"kivi(bits={bits})" if bits < 16 else "none", code)
+        pipe = Pipeline.parse(quant_spec(w), code)
         return pipe.for_block(shape, dtype).record_bytes(shape, dtype)
-    nbytes = _data_bytes(tokens, kind, heads, dim, dtype, bits)
+    nbytes = _data_bytes(tokens, kind, heads, dim, dtype, w)
     return Pipeline.parse("none", code).record_bytes_for(nbytes)
+
+
+def block_widths(b: BlockInput, cfg: PlacementConfig) -> list[tuple[int, Width]]:
+    """(index into ``cfg.widths``, width) of the widths ``b`` may take: split widths only
+    for a block holding both K and V."""
+    return [(i, w) for i, w in enumerate(cfg.widths) if b.kind == "kv" or w[0] == w[1]]
 
 
 def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[Any],
                    mkeys: Sequence[str], cfg: PlacementConfig,
                    cache: ReliabilityCache) -> Template:
-    rows: list[tuple[int, int, int, int, int, float, float, float, float]] = []
+    rows: list[tuple[int, int, int, int, int, float, float, float, float, int, int]] = []
     degraded: list[float] = []
     for ti, tier in enumerate(tiers):
         weight = float(cfg.capacity_cost.get(tier.name, 0.0)) / GIB
-        for bits in cfg.bits:
-            nbytes = data_bytes(b, bits)
+        for wi, w in block_widths(b, cfg):
+            nbytes = data_bytes(b, w)
             for ci, code in enumerate(cfg.codes):
-                if bits < 16 and by_value(code):
+                if w[0] < 16 and by_value(code):
                     continue      # byte planes split values, not quantized codes
-                rec = record_bytes(b, bits, code)
+                rec = record_bytes(b, w, code)
                 p_due, p_sdc, p_deg = cache.outcomes(code, nbytes, models[ti],
                                                      b.residency_hours, mkeys[ti])
                 read = tier.latency_us + rec / (tier.read_gbps * 1e3)
-                rows.append((ti, bits, ci, rec, nbytes, p_due, p_sdc, read, weight * rec))
+                rows.append((ti, w[0], ci, rec, nbytes, p_due, p_sdc, read, weight * rec,
+                             wi, w[1]))
                 degraded.append(p_deg)
+    if not rows:
+        raise ConfigError(f"placement: no width and code can store {b.label} (codes laid "
+                          f"out by value need 16 bits)")
     a = list(zip(*rows, strict=True))
     t = Template(
         tier=np.asarray(a[0], np.int64), bits=np.asarray(a[1], np.int64),
@@ -245,11 +268,13 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
         p_sdc=np.asarray(a[6], np.float64), read_us=np.asarray(a[7], np.float64),
         cap_cost=np.asarray(a[8], np.float64),
         meets=(np.asarray(a[5]) <= cfg.max_p_due) & (np.asarray(a[6]) <= cfg.max_p_sdc),
-        kept=np.ones(len(rows), bool),
+        kept=np.ones(len(rows), bool), width=np.asarray(a[9], np.int64),
+        vbits=np.asarray(a[10], np.int64),
     )
-    # Dominance: within one tier and bit-width, an option with no fewer bytes and no lower
+    assert t.width is not None
+    # Dominance: within one tier and width, an option with no fewer bytes and no lower
     # P(DUE) than another is never better for any reuse or recompute cost.
-    same = (t.tier[:, None] == t.tier[None, :]) & (t.bits[:, None] == t.bits[None, :])
+    same = (t.tier[:, None] == t.tier[None, :]) & (t.width[:, None] == t.width[None, :])
     ok = t.meets[None, :] & t.meets[:, None]
     no_better = (t.record_bytes[None, :] <= t.record_bytes[:, None]) & \
         (t.p_due[None, :] <= t.p_due[:, None]) & (t.read_us[None, :] <= t.read_us[:, None])
@@ -261,7 +286,8 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
     kept = t.meets & ~dominated
     deg = np.asarray(degraded, np.float64)
     return Template(t.tier, t.bits, t.code, t.record_bytes, t.data_bytes, t.p_due, t.p_sdc,
-                    t.read_us, t.cap_cost, t.meets, kept, deg if deg.any() else None)
+                    t.read_us, t.cap_cost, t.meets, kept, deg if deg.any() else None,
+                    t.width, t.vbits)
 
 
 @lru_cache(maxsize=256)
@@ -313,19 +339,23 @@ class Table:
 
 
 def build_table(templates: Sequence[Template], cls: I64, kl_rows: F64, kl_idx: I64,
-                bits: Sequence[int], tokens: I64, deg_kl: F64 | None = None) -> Table:
-    """The table of blocks whose template is ``templates[cls[i]]`` and whose KL per bit-width
-    (in ``bits`` order) is ``kl_rows[kl_idx[i]]``; vectorised gathers only. ``deg_kl``:
+                tokens: I64, deg_kl: F64 | None = None) -> Table:
+    """The table of blocks whose template is ``templates[cls[i]]`` and whose KL per width
+    (in the config's ``widths`` order, the templates' ``width``) is ``kl_rows[kl_idx[i]]``;
+    vectorised gathers only. ``deg_kl``:
     what a degraded read of the block costs (per KL row; inf: unknown, so layouts that can
     degrade are not offered)."""
+    # Templates of one table have the same options (one tier set, one config), except
+    # that blocks of kind "k"/"v" lack the split widths: pad those columns (never kept).
+    n = max(len(t.tier) for t in templates)
+    templates = [_padded(t, n) for t in templates]
     stack = {f: np.stack([getattr(t, f) for t in templates])
-             for f in ("tier", "bits", "record_bytes", "read_us", "cap_cost", "p_due", "kept")}
+             for f in ("tier", "width", "record_bytes", "read_us", "cap_cost", "p_due",
+                       "kept")}
     # Only the columns some block may take reach the solver (most options are pruned).
     cols = np.flatnonzero(stack["kept"].any(axis=0))
     sub = {f: v[:, cols][cls] for f, v in stack.items()}
-    lut = np.zeros(max(bits) + 1, np.int64)
-    lut[list(bits)] = np.arange(len(bits))
-    kl = np.take_along_axis(kl_rows[kl_idx], lut[sub["bits"]], axis=1)
+    kl = np.take_along_axis(kl_rows[kl_idx], sub["width"], axis=1)
     kept = sub["kept"]
     if any(t.p_degraded is not None for t in templates):
         # A degraded read (a tolerant low byte plane failed) returns values within one unit
@@ -341,6 +371,24 @@ def build_table(templates: Sequence[Template], cls: I64, kl_rows: F64, kl_idx: I
         kl = kl + np.where(bad, 0.0, extra)
     return Table(tuple(templates), cls, cols, tokens, sub["read_us"], sub["p_due"],
                  sub["cap_cost"], kept, kl, sub["record_bytes"], sub["tier"])
+
+
+def _padded(t: Template, n: int) -> Template:
+    """``t`` with its option arrays padded to ``n`` by options that are never offered."""
+    k = n - len(t.tier)
+    if k == 0:
+        return t
+    assert t.width is not None and t.vbits is not None
+
+    def pad(a: Any, v: Any) -> Any:
+        return np.concatenate([a, np.full(k, v, a.dtype)])
+
+    return Template(pad(t.tier, 0), pad(t.bits, 16), pad(t.code, 0),
+                    pad(t.record_bytes, np.inf), pad(t.data_bytes, 0), pad(t.p_due, 1.0),
+                    pad(t.p_sdc, 1.0), pad(t.read_us, np.inf), pad(t.cap_cost, np.inf),
+                    pad(t.meets, False), pad(t.kept, False),
+                    None if t.p_degraded is None else pad(t.p_degraded, 0.0),
+                    pad(t.width, 0), pad(t.vbits, 16))
 
 
 def recompute_costs(chunk: I64, n_chunks: I64, tokens: I64, cfg: PlacementConfig) -> F64:

@@ -7,9 +7,14 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
+from rkv.quant.widths import Width, width_text
+
 
 @dataclass(frozen=True)
 class PlannedBlock:
+    """One block's choice: ``bits`` are its keys' bits and ``vbits`` its values' (equal
+    unless the plan splits them; a ``"k"`` or ``"v"`` block's own bits are ``bits``)."""
+
     layer: int
     kind: str
     chunk: int
@@ -22,6 +27,16 @@ class PlannedBlock:
     kl: float
     expected_cost_us: float
     reason: str
+    vbits: int = -1           # -1 in the constructor: equal to bits
+
+    def __post_init__(self) -> None:
+        if self.vbits < 0:
+            object.__setattr__(self, "vbits", self.bits)
+
+    @property
+    def width(self) -> Width:
+        """(key bits, value bits)."""
+        return self.bits, self.vbits
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +65,14 @@ class Plan:
     block_tier: tuple[str, ...] = ()
     block_bits: tuple[int, ...] = ()
     block_code: tuple[str, ...] = ()
+    block_vbits: tuple[int, ...] = ()     # the values' bits per block (equal to block_bits
+                                          # unless split)
+
+    @property
+    def block_widths(self) -> tuple[Width, ...]:
+        """(key bits, value bits) per block, in order."""
+        v = self.block_vbits or self.block_bits
+        return tuple(zip(self.block_bits, v, strict=True))
 
     @cached_property
     def blocks(self) -> tuple[PlannedBlock, ...]:
@@ -64,7 +87,7 @@ class Plan:
         return max(0.0, self.total_cost_us / self.lower_bound_us - 1.0)
 
     def to_dict(self) -> dict[str, Any]:
-        skip = ("source", "block_tier", "block_bits", "block_code")
+        skip = ("source", "block_tier", "block_bits", "block_code", "block_vbits")
         d: dict[str, Any] = {"blocks": [asdict(b) for b in self.blocks]}
         d.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip})
         d["tier_bytes"], d["tier_free"] = dict(self.tier_bytes), dict(self.tier_free)
@@ -83,7 +106,7 @@ class Plan:
                 Column("bytes", align="right"), Column("kl", "KL", "right", ".3g"),
                 Column("cost_us", "cost us", "right", ".4g"), Column("reason")]
         rows = [{"layer": b.layer, "kind": b.kind.upper(), "chunk": b.chunk, "tier": b.tier,
-                 "bits": b.bits, "code": b.code, "p_due": b.p_due, "p_sdc": b.p_sdc,
+                 "bits": width_text(b.width), "code": b.code, "p_due": b.p_due, "p_sdc": b.p_sdc,
                  "bytes": b.record_bytes, "kl": b.kl, "cost_us": b.expected_cost_us,
                  "reason": b.reason}
                 for b in (self.blocks if limit is None else self.blocks[:limit])]

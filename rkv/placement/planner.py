@@ -1,6 +1,9 @@
 """The placement planner: each block's tier, bit-width and code for a whole put.
 
-Options per block are every tier x bits x code (:mod:`rkv.placement.options`). An option
+Options per block are every tier x width x code (:mod:`rkv.placement.options`; a width is
+(key bits, value bits): equal from ``bits``, different from ``kv_bits`` for blocks holding K
+and V, whose KL is the profile's K entry at the key bits plus its V entry at the value
+bits). An option
 that misses ``max_p_due`` or ``max_p_sdc`` is not offered; the rest cost, in microseconds,
 
     reuse x (latency + record bytes / bandwidth)       reading it back, each expected read
@@ -35,6 +38,7 @@ from rkv.placement.options import (
     ReliabilityCache,
     Table,
     Template,
+    block_widths,
     build_table,
     build_template,
     class_key,
@@ -44,6 +48,7 @@ from rkv.placement.options import (
 from rkv.placement.plan import Plan, PlannedBlock
 from rkv.placement.solver import NoFeasibleChoice, Problem, Solution, solve_exact, solve_fast
 from rkv.profiles import QualityProfile, as_profile
+from rkv.quant.widths import width_text
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -87,9 +92,11 @@ class Planner:
             config = PlacementConfig.from_dict(config)
         self.config = config
         self.profile = as_profile(profile)
-        if self.profile is None and any(b < 16 for b in config.bits):
-            raise ConfigError(f"placement: bits {sorted(config.bits)} include lossy widths, "
-                              f"which need a quality profile (or set bits = [16])")
+        if self.profile is None and any(w[0] < 16 for w in config.widths):
+            raise ConfigError(f"placement: bits {sorted(config.bits)} (kv_bits "
+                              f"{[list(w) for w in config.split_widths]}) include lossy "
+                              f"widths, which need a quality profile (or set bits = [16], "
+                              f"kv_bits = [])")
         self.cache = cache if cache is not None else DEFAULT_CACHE
         self.warm_start = warm_start
         self._models = MODELS
@@ -159,9 +166,9 @@ class Planner:
         """Compute every ``predict`` a plan of these blocks needs, in ``workers`` processes.
         Returns how many were new."""
         models = [self._models.get(t.fault_model)[0] for t in tiers]
-        reqs = {(code, data_bytes(b, bits), mi, b.residency_hours)
+        reqs = {(code, data_bytes(b, w), mi, b.residency_hours)
                 for b in {class_key(b): b for b in blocks}.values()
-                for bits in self.config.bits for code in self.config.codes
+                for _, w in block_widths(b, self.config) for code in self.config.codes
                 for mi in range(len(models))}
         return self.cache.warm(((c, n, models[mi], h) for c, n, mi, h in sorted(reqs)),
                                workers)
@@ -231,14 +238,21 @@ class Planner:
         deg_kl = np.asarray([_degraded_kl(prof, layer, kind) for layer, kind in kinds],
                             np.float64)
         tokens = np.fromiter((s[0] for s in statics), np.int64, len(statics))
-        return build_table(templates, cls, kl_rows, kl_idx, cfg.bits, tokens, deg_kl)
+        return build_table(templates, cls, kl_rows, kl_idx, tokens, deg_kl)
 
     def _kl_row(self, layer: int, kind: str) -> F64:
+        """KL per width of the config (a ``"kv"`` block: K at the key bits plus V at the
+        value bits; a ``"k"`` or ``"v"`` block only takes equal widths)."""
         row = self._kl.get((layer, kind))
         if row is None:
             prof = self.profile
-            row = np.asarray([0.0 if b >= 16 or prof is None else prof.kl(layer, kind, b)
-                              for b in self.config.bits])
+
+            def kl(kind: str, bits: int) -> float:
+                return 0.0 if bits >= 16 or prof is None else prof.kl(layer, kind, bits)
+
+            row = np.asarray([kl("k", kb) + kl("v", vb) if kind == "kv" else
+                              kl(kind, kb) if kb == vb else np.inf
+                              for kb, vb in self.config.widths])
             self._kl[(layer, kind)] = row
         return row
 
@@ -254,7 +268,7 @@ class Planner:
         binding = tuple(nm for nm, o in zip(names, over, strict=True) if o)
         opt = table.cols[ch]                                   # template option per block
         stack = {f: np.stack([getattr(t, f) for t in table.templates])[table.cls, opt]
-                 for f in ("tier", "bits", "code", "p_due")}
+                 for f in ("tier", "bits", "vbits", "code", "p_due")}
         codes = np.asarray(self.config.codes, dtype=object)
         tb = {nm: int(used[1 + k]) for k, nm in enumerate(built.tiers)}
         tfree = {t.name: t.free_bytes for t in tiers}
@@ -265,7 +279,8 @@ class Planner:
                     {"evaluations": sol.evaluations, "nodes": sol.nodes,
                      "multipliers": [float(x) for x in sol.multipliers]},
                     tuple(np.asarray(built.tiers, dtype=object)[stack["tier"]].tolist()),
-                    tuple(stack["bits"].tolist()), tuple(codes[stack["code"]].tolist()))
+                    tuple(stack["bits"].tolist()), tuple(codes[stack["code"]].tolist()),
+                    tuple(stack["vbits"].tolist()))
 
     def _blocks(self, sol: Solution, built: _Built, blocks: Sequence[BlockInput],
                 over: npt.NDArray[np.bool_]) -> tuple[PlannedBlock, ...]:
@@ -294,10 +309,12 @@ class Planner:
                 if over[1 + tf] and (t.tier[j] != tf or t.record_bytes[j] < t.record_bytes[f]):
                     parts.append(f"{built.tiers[tf]} capacity")
                 reason = " + ".join(parts) or "room for other blocks"
+            assert t.vbits is not None
             out.append(PlannedBlock(
                 b.layer, b.kind, b.chunk, built.tiers[int(t.tier[j])], int(t.bits[j]),
                 cfg.codes[int(t.code[j])], float(t.p_due[j]), float(t.p_sdc[j]),
-                int(t.record_bytes[j]), float(p.kl[i, pj]), float(p.cost[i, pj]), reason))
+                int(t.record_bytes[j]), float(p.kl[i, pj]), float(p.cost[i, pj]), reason,
+                int(t.vbits[j])))
         return tuple(out)
 
     # ---------------------------------------------------------------- errors
@@ -310,7 +327,9 @@ class Planner:
         else:
             key, arr, limit = "max_p_sdc", np.where(due_ok, t.p_sdc, np.inf), cfg.max_p_sdc
         j = int(np.argmin(arr))
-        what = f"{cfg.codes[int(t.code[j])]} at {int(t.bits[j])} bits on {names[t.tier[j]]}"
+        assert t.vbits is not None
+        width = width_text((int(t.bits[j]), int(t.vbits[j])))
+        what = f"{cfg.codes[int(t.code[j])]} at {width} bits on {names[t.tier[j]]}"
         extra = "" if key == "max_p_due" else " among those meeting max_p_due"
         return InfeasiblePlanError(
             f"no option for {b.label} meets {key}={limit:g}: the best{extra} is {what} at "

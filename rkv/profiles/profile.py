@@ -140,6 +140,12 @@ class QualityProfile:
                               f"{kind.upper()} at {bits} bits (key \"{layer}:{kind}:{bits}\")"
                               ) from None
 
+    def width_kl(self, layer: int, width: tuple[int, int]) -> float:
+        """KL of a ``"kv"`` block whose keys have ``width[0]`` bits and values ``width[1]``:
+        its K entry plus its V entry (16 bits: 0)."""
+        kb, vb = width
+        return self.kl(layer, "k", kb) + self.kl(layer, "v", vb)
+
     def degraded_kl(self, layer: int, kind: str) -> float:
         """What a degraded read of the block costs: its KL at the fewest bits the profile
         has (2, else 4, else 8). A failed tolerant low byte plane leaves every float16 value

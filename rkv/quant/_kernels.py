@@ -368,10 +368,11 @@ def _encode_values(
 @jit
 def kivi_encode(
     src: Arr, tag: Tag, n_tok: int, heads: int, dim: int, group: int, vgroup: int,
-    levels: int, meta: Arr, codes: Arr,
+    levels: int, vlevels: int, meta: Arr, codes: Arr,
 ) -> int:
     """Quantize a block ``[2, n_tok, heads, dim]`` (flat ``src``) into one code per byte in
-    ``codes`` (``2 * n_tok * heads * dim``) and the metadata in ``meta``.
+    ``codes`` (``2 * n_tok * heads * dim``) and the metadata in ``meta``; keys take codes up
+    to ``levels``, values up to ``vlevels``.
 
     Returns the number of elements that are not finite or have ``|x| >= 2**126`` in the first
     offending group or chunk (0 = ok; otherwise the outputs are incomplete)."""
@@ -382,7 +383,7 @@ def kivi_encode(
     if bad:
         return bad
     return _encode_values(  # type: ignore[no-any-return]
-        src, n_tok * n_ch, tag, n_tok * heads, dim, vgroup, levels, meta, 2 * gk,
+        src, n_tok * n_ch, tag, n_tok * heads, dim, vgroup, vlevels, meta, 2 * gk,
         2 * gk + gv, codes,
     )
 

@@ -112,8 +112,13 @@ class Quantizer(Configured, ABC):
     codec_id: ClassVar[str]
     #: parameter names that a string spec may give positionally, e.g. ``kivi(4)``
     positional: ClassVar[tuple[str, ...]] = ()
-    #: bits per stored element (16: not quantized)
+    #: bits per stored element (16: not quantized); for KV blocks the keys' bits
     bits: int
+
+    @property
+    def widths(self) -> tuple[int, int]:
+        """(key bits, value bits) of a KV block (equal unless the quantizer splits them)."""
+        return self.bits, self.bits
 
     @abstractmethod
     def encode(self, block: npt.NDArray[Any]) -> bytes:

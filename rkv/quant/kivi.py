@@ -1,4 +1,4 @@
-"""KIVI-style asymmetric uniform quantization: ``kivi(bits=2|4|8, group=G)``.
+"""KIVI-style asymmetric uniform quantization: ``kivi(bits=2|4|8, group=G[, vbits=2|4|8])``.
 
 Scheme (after KIVI, Liu et al. 2024): keys are quantized **per channel** (for every head and
 every dim, ``G`` consecutive tokens share a scale and a zero point), values **per token** (for
@@ -16,6 +16,11 @@ Ragged last groups are allowed. For a group with minimum ``m`` and maximum ``M``
 
 Inputs must be finite with ``|x| < 2**126`` (``ShapeError`` otherwise).
 
+Keys and values may take different widths: ``kivi(bits=4, vbits=2)`` quantizes keys to 4 bits
+and values to 2 (``vbits`` defaults to ``bits``). The quantization literature finds them very
+unequal (KV-AdaQuant: 4-bit keys with 2-bit values far above the reverse), so the planner
+chooses the pair per block.
+
 Encoded layout (little-endian; ``T`` tokens, ``H`` heads, ``D`` head_dim, ``N = 2*T*H*D``)::
 
     offset 0         metadata copy 0   (L bytes)
@@ -23,14 +28,20 @@ Encoded layout (little-endian; ``T`` tokens, ``H`` heads, ``D`` head_dim, ``N = 
     offset 2L        packed codes      (ceil(N * bits / 8) bytes, zero-padded to a multiple of 8)
     offset 2L + P    metadata copy 2   (L bytes)              total = 3L + P
 
+With ``vbits != bits`` (layout version 2) the packed codes are the keys' ``ceil(N/2 * bits /
+8)`` bytes at ``bits`` followed by the values' ``ceil(N/2 * vbits / 8)`` bytes at ``vbits``,
+the two together zero-padded to a multiple of 8; everything else is as in version 1. Equal
+widths always write version 1, so such records are byte-identical to those written before
+version 2 existed.
+
 One metadata copy (``L = 24 + round8(2 * (Gk + Gv) * w) + 8``, ``w`` = 2 for float16 and
 bfloat16, 4 for float32)::
 
     0   4  magic b"RKVQ"
-    4   1  layout version (1)
-    5   1  bits (2, 4 or 8)
+    4   1  layout version (1, or 2 when keys and values have different widths)
+    5   1  bits (2, 4 or 8): the keys' width (version 1: also the values')
     6   1  dtype code (1 float16, 2 bfloat16, 3 float32); also the metadata's dtype
-    7   1  reserved, 0
+    7   1  version 1: reserved, 0; version 2: the values' width (2, 4 or 8)
     8   2  G, u16           10  2  Gv = min(G, D), u16
     12  4  T, u32           16  4  H, u32            20  4  D, u32
     24     key scales   [ceil(T/G), H, D]   (Gk = ceil(T/G) * H * D values, block dtype)
@@ -87,6 +98,7 @@ from rkv.quant.base import (
 
 MAGIC = b"RKVQ"
 VERSION = 1
+SPLIT_VERSION = 2          # keys and values at different widths
 HEADER_SIZE = 24
 CHECK_SIZE = 8
 COPIES = 3
@@ -127,33 +139,59 @@ class KiviLayout:
     copy_len: int
     n_codes: int
     codes_len: int
-    codes_offset: int
-    copy_offsets: tuple[int, int, int]
+    codes_offset: int   # start of the packed codes (keys, then values)
+    copy_offsets: tuple[int, int, int]   # copy 2 starts where the padded codes end
     total: int
     header: bytes
+    vbits: int = 0      # the values' width
+    key_codes_len: int = 0   # version 2: bytes of the keys' packed codes (0: one packing)
 
     @classmethod
     def make(cls, bits: int, group: int, dtype: str, tokens: int, heads: int,
-             head_dim: int) -> KiviLayout:
+             head_dim: int, vbits: int | None = None) -> KiviLayout:
+        vb = bits if vbits is None else vbits
         vg = min(group, head_dim)
         gk = -(-tokens // group) * heads * head_dim
         gv = tokens * heads * -(-head_dim // vg)
         mdt = np.dtype(np.float32) if dtype == "float32" else np.dtype(np.uint16)
         meta_len = 2 * (gk + gv) * mdt.itemsize
         cl = HEADER_SIZE + _round8(meta_len) + CHECK_SIZE
-        n = 2 * tokens * heads * head_dim
-        codes_len = -(-n * bits // 8)
-        header = _HEADER.pack(MAGIC, VERSION, bits, DTYPES[dtype].code, 0, group, vg, tokens,
-                              heads, head_dim)
+        half = tokens * heads * head_dim
+        n = 2 * half
+        if vb == bits:
+            codes_len, key_len = -(-n * bits // 8), 0
+            header = _HEADER.pack(MAGIC, VERSION, bits, DTYPES[dtype].code, 0, group, vg,
+                                  tokens, heads, head_dim)
+        else:
+            key_len = -(-half * bits // 8)
+            codes_len = key_len + -(-half * vb // 8)
+            header = _HEADER.pack(MAGIC, SPLIT_VERSION, bits, DTYPES[dtype].code, vb, group,
+                                  vg, tokens, heads, head_dim)
         return cls(bits, group, dtype, tokens, heads, head_dim, vg, gk, gv, mdt, meta_len, cl,
                    n, codes_len, 2 * cl, (0, cl, 2 * cl + _round8(codes_len)),
-                   3 * cl + _round8(codes_len), header)
+                   3 * cl + _round8(codes_len), header, vb, key_len)
 
 
 @lru_cache(maxsize=1024)
-def _layout(bits: int, group: int, dtype: str, shape: tuple[int, ...]) -> KiviLayout:
+def _layout(bits: int, group: int, dtype: str, shape: tuple[int, ...],
+            vbits: int | None = None) -> KiviLayout:
     _, t, h, d = check_shape(shape)
-    return KiviLayout.make(bits, group, dtype_name(dtype), t, h, d)
+    return KiviLayout.make(bits, group, dtype_name(dtype), t, h, d, vbits)
+
+
+def _pack(codes: U8, bits: int, out: U8) -> None:
+    """One packing of codes at ``bits`` (8: one code per byte)."""
+    if bits == 8:
+        out[:] = codes
+    else:
+        _kernels.pack_codes(codes, bits, out)
+
+
+def _unpack(packed: U8, bits: int, n: int, out: U8) -> None:
+    if bits == 8:
+        out[:] = packed[:n]
+    else:
+        _kernels.unpack_codes(packed, bits, n, out)
 
 
 def _verifies(copy: U8) -> bool:
@@ -167,34 +205,57 @@ class KiviQuantizer(Quantizer):
     codec_id = "kivi"
     positional = ("bits", "group")
 
-    def __init__(self, bits: int = DEFAULT_BITS, group: int = DEFAULT_GROUP) -> None:
+    def __init__(self, bits: int = DEFAULT_BITS, group: int = DEFAULT_GROUP,
+                 vbits: int | None = None) -> None:
         if isinstance(bits, bool) or bits not in BITS:
             raise ConfigError(f"kivi: bits must be one of 2, 4, 8 (or 16: none), got {bits!r}")
         if isinstance(group, bool) or not isinstance(group, int) or not 1 <= group <= MAX_GROUP:
             raise ConfigError(f"kivi: group must be an integer in [1, {MAX_GROUP}], got {group!r}")
+        if vbits is not None and (isinstance(vbits, bool) or vbits not in BITS):
+            raise ConfigError(f"kivi: vbits must be one of 2, 4, 8, got {vbits!r}")
         self.bits = bits
         self.group = group
+        #: The values' width (``bits`` unless set): keys use ``bits``.
+        self.vbits = bits if vbits is None else vbits
 
     # ---------------------------------------------------------------- config
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Quantizer:
         """``bits=16`` gives the identity quantizer (``none``)."""
-        check_keys(cfg, "kivi", ("bits", "group"))
+        check_keys(cfg, "kivi", ("bits", "group", "vbits"))
         bits = int_param(cfg, "kivi", "bits", lo=1, hi=16, default=DEFAULT_BITS)
         group = int_param(cfg, "kivi", "group", lo=1, hi=MAX_GROUP, default=DEFAULT_GROUP)
-        if bits == 16:
+        vbits = int_param(cfg, "kivi", "vbits", lo=1, hi=16, default=bits)
+        if bits == 16 and vbits == 16:
             from rkv.quant.none import NoneQuantizer
 
             return NoneQuantizer()
-        return cls(bits, group)
+        if 16 in (bits, vbits):
+            raise ConfigError(f"kivi: keys and values are either both 16 bits (none) or both "
+                              f"quantized to 2, 4 or 8, got bits={bits}, vbits={vbits}")
+        return cls(bits, group, vbits)
 
     def get_config(self) -> dict[str, Any]:
-        return {"id": "kivi", "bits": self.bits, "group": self.group}
+        # vbits only when it differs, so the spec (and every record header) of a block with
+        # equal widths is what it was before split widths existed.
+        cfg: dict[str, Any] = {"id": "kivi", "bits": self.bits, "group": self.group}
+        if self.vbits != self.bits:
+            cfg["vbits"] = self.vbits
+        return cfg
+
+    @property
+    def widths(self) -> tuple[int, int]:
+        return self.bits, self.vbits
 
     @cached_property
     def levels(self) -> int:
-        """The largest code, ``2**bits - 1``."""
+        """The keys' largest code, ``2**bits - 1``."""
         return (1 << self.bits) - 1
+
+    @cached_property
+    def vlevels(self) -> int:
+        """The values' largest code, ``2**vbits - 1``."""
+        return (1 << self.vbits) - 1
 
     # ---------------------------------------------------------------- sizes
     def layout(self, shape: Iterable[int], dtype: str | np.dtype[Any]) -> KiviLayout:
@@ -203,7 +264,8 @@ class KiviQuantizer(Quantizer):
         if not (isinstance(shape, tuple) and all(type(d) is int for d in shape)):
             shape = check_shape(shape)
         return _layout(self.bits, self.group, dtype if isinstance(dtype, str)
-                       else dtype_name(dtype), shape)
+                       else dtype_name(dtype), shape,
+                       None if self.vbits == self.bits else self.vbits)
 
     def encoded_size(self, shape: Iterable[int], dtype: str | np.dtype[Any]) -> int:
         return self.layout(shape, dtype).total
@@ -220,17 +282,22 @@ class KiviQuantizer(Quantizer):
         meta = out[HEADER_SIZE : HEADER_SIZE + lay.meta_len].view(lay.meta_dtype)
         c0 = lay.codes_offset
         n = lay.n_codes
-        codes = out[c0 : c0 + n] if self.bits == 8 else np.empty(n, np.uint8)
+        split = lay.key_codes_len > 0
+        codes = out[c0 : c0 + n] if self.bits == 8 and not split else np.empty(n, np.uint8)
         bad = _kernels.kivi_encode(
             src, tag, lay.tokens, lay.heads, lay.head_dim, self.group, lay.value_group,
-            self.levels, meta, codes,
+            self.levels, self.vlevels, meta, codes,
         )
         if bad:
             raise ShapeError(
                 f"kivi: the block holds non-finite values (NaN or Inf) or values with "
                 f"|x| >= 2**126; KV must be finite ({bad} found in one group)"
             )
-        if self.bits != 8:
+        if split:
+            half, k1 = n // 2, c0 + lay.key_codes_len
+            _pack(codes[:half], self.bits, out[c0:k1])
+            _pack(codes[half:], self.vbits, out[k1 : c0 + lay.codes_len])
+        elif self.bits != 8:
             _kernels.pack_codes(codes, self.bits, out[c0 : c0 + lay.codes_len])
         out[:HEADER_SIZE] = np.frombuffer(lay.header, np.uint8)
         check = xxhash.xxh3_64_intdigest(out[: cl - CHECK_SIZE].data)
@@ -255,7 +322,13 @@ class KiviQuantizer(Quantizer):
             meta = meta.copy()
         meta = readonly(meta.view(lay.meta_dtype))
         c0 = lay.codes_offset
-        if self.bits == 8:
+        if lay.key_codes_len:
+            half, k1 = lay.n_codes // 2, c0 + lay.key_codes_len
+            scratch = np.empty(lay.n_codes, np.uint8)
+            _unpack(b[c0:k1], self.bits, half, scratch[:half])
+            _unpack(b[k1 : c0 + lay.codes_len], self.vbits, half, scratch[half:])
+            codes = readonly(scratch)
+        elif self.bits == 8:
             codes = b[c0 : c0 + lay.n_codes]
         else:
             scratch = np.empty(lay.n_codes, np.uint8)

@@ -37,6 +37,7 @@ from rkv.codec.stages import header_stages
 from rkv.errors import ConfigError, IntegrityError
 from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import DecodedRecord, decode_record
+from rkv.quant.widths import Width, fewer_bits
 from rkv.store.clock import now_ns
 from rkv.store.index import ChunkMeta, Index, label_parts
 from rkv.store.storemix import stages_label
@@ -98,13 +99,13 @@ class LossyPlans:
 
     def __init__(self, placement: EnginePlacement) -> None:
         self.placement = placement
-        self._fixed: dict[tuple[bytes, int], Planner] = {}
+        self._fixed: dict[tuple[bytes, Width], Planner] = {}
         self._plans: dict[tuple[Any, ...], PlannedBlock | None] = {}
 
-    def option(self, spec: ModelSpec, layer: int, tokens: int, pos: int, bits: int,
+    def option(self, spec: ModelSpec, layer: int, tokens: int, pos: int, bits: Width,
                tier: str) -> PlannedBlock | None:
-        """The planned block at ``bits`` in ``tier`` (None: no code there meets the
-        targets, or the profile has no entry)."""
+        """The planned block at width ``bits`` (key bits, value bits) in ``tier`` (None: no
+        code there meets the targets, or the profile has no entry)."""
         from rkv.placement.config import BlockInput
         from rkv.placement.planner import Planner
 
@@ -116,7 +117,7 @@ class LossyPlans:
         base = self.placement.planner(spec)
         one = self._fixed.get((fp, bits))
         if one is None:
-            cfg = replace(base.config, bits=(bits,), quality_budget_kl=1e300)
+            cfg = base.config.fixed(bits)
             one = self._fixed[fp, bits] = Planner(cfg, base.profile, base.cache)
         block = BlockInput(layer, "kv", pos, tokens, hours, reuse, spec.n_kv_heads,
                            spec.head_dim, spec.dtype, pos + 1)
@@ -156,7 +157,7 @@ class Transcode:
             quant, _ = header_stages(dec.header)
             codec, fewer = self.decide.codecs[self.tier], None
             if self.decide.placement is not None and self.meta is not None:
-                codec, fewer = self._planned(dec, 16 if quant is None else int(quant.bits))
+                codec, fewer = self._planned(dec, (16, 16) if quant is None else quant.widths)
             out = None if fewer is None else requantize(dec, fewer, erased, self.now)
             if out is not None:
                 self.decide.lossy += 1
@@ -177,9 +178,10 @@ class Transcode:
         return out
 
     # -- placement ----------------------------------------------------------------------------
-    def _planned(self, dec: DecodedRecord, bits: int) -> tuple[Codec | None, Pipeline | None]:
-        """The code placement plans for this block in the destination tier with its bits
-        kept, or (lossy demotion) a pipeline with fewer bits."""
+    def _planned(self, dec: DecodedRecord, bits: Width
+                 ) -> tuple[Codec | None, Pipeline | None]:
+        """The code placement plans for this block in the destination tier with its width
+        (key bits, value bits) kept, or (lossy demotion) a pipeline with fewer bits."""
         from rkv.format.model import ModelSpec
         from rkv.store.plans import quant_spec
 
@@ -195,12 +197,12 @@ class Transcode:
             pick = self._lossy(spec, h.layer, h.shape[1], bits)
             if pick is not None:
                 try:
-                    pipe = Pipeline.parse(quant_spec(pick.bits), pick.code).for_block(
+                    pipe = Pipeline.parse(quant_spec(pick.width), pick.code).for_block(
                         tuple(h.shape), h.dtype)
                 except ConfigError:
                     pass      # not a combination a record can hold: re-plan with bits kept
                 else:
-                    if pipe.bits < bits:
+                    if fewer_bits(pipe.width, bits):
                         return pipe.codec, pipe
                     return pipe.codec, None
         try:
@@ -213,21 +215,23 @@ class Transcode:
             decide.fallbacks += 1
             return own, None
 
-    def _lossy(self, spec: ModelSpec, layer: int, tokens: int, bits: int
+    def _lossy(self, spec: ModelSpec, layer: int, tokens: int, bits: Width
                ) -> PlannedBlock | None:
-        """The cheapest option at no more than ``bits`` bits whose extra KL fits the chunk's
-        headroom (None: none is feasible; the caller keeps the bits)."""
+        """The cheapest option at a width with no more bits than ``bits`` in K or V whose
+        extra KL fits the chunk's headroom (None: none is feasible; the caller keeps the
+        bits)."""
         decide, meta = self.decide, self.meta
         assert meta is not None and decide.placement is not None
         planner = decide.placement.planner(spec)
         profile = planner.profile
-        widths = sorted({b for b in planner.config.bits if b < bits} | {bits}, reverse=True)
+        widths = [bits, *sorted((w for w in planner.config.widths if fewer_bits(w, bits)),
+                                reverse=True)]
         if profile is None or len(widths) < 2:
             return None
         if decide.lossy_plans is None:
             decide.lossy_plans = LossyPlans(decide.placement)
         try:
-            now = profile.kl(layer, "kv", bits)
+            now = profile.width_kl(layer, bits)
         except ConfigError:
             return None
         best: PlannedBlock | None = None
@@ -239,7 +243,7 @@ class Transcode:
             if extra > 0 and extra > self.slack(profile):
                 continue
             best = opt
-        if best is not None and best.bits < bits:
+        if best is not None and fewer_bits(best.width, bits):
             self._slack = self.slack(profile) - max(0.0, best.kl - now)
         return best
 
@@ -261,9 +265,9 @@ def chunk_kl(meta: ChunkMeta, profile: QualityProfile) -> float | None:
         label = meta.pipe(layer)
         if not label:
             return None
-        bits = label_parts(label)[0]
+        width = label_parts(label)[0]
         try:
-            total += profile.kl(layer, "kv", bits)
+            total += profile.width_kl(layer, width)
         except ConfigError:
             return None
     return total

@@ -8,23 +8,27 @@ from functools import lru_cache
 from typing import Any
 
 from rkv.errors import CorruptStoreError
+from rkv.quant.widths import Width, parse_width, uniform, width_text
 
 #: A block's pipeline as the index records it: ``"<bits>/<code spec>"``, e.g.
-#: ``"4/rs(n=255,k=239,interleave=1)"`` or ``"16/none"`` (a summary for accounting; the
-#: record header is the authority on what a record holds).
-_LABEL = re.compile(r"(?:[1-9]|1[0-6])/[a-z][a-z0-9_]*(?:\([A-Za-z0-9_=,.()+ -]*\))?")
+#: ``"4/rs(n=255,k=239,interleave=1)"`` or ``"16/none"``, and ``"4+2/..."`` for 4-bit keys
+#: with 2-bit values (a summary for accounting; the record header is the authority on what
+#: a record holds).
+_LABEL = re.compile(r"(?:[1-9]|1[0-6])(?:\+(?:[1-9]|1[0-6]))?/"
+                    r"[a-z][a-z0-9_]*(?:\([A-Za-z0-9_=,.()+ -]*\))?")
 _LABEL_MAX = 160
 
 
-def pipe_label(bits: int, code: str) -> str:
-    """The index label of a block stored at ``bits`` bits with code ``code``."""
-    return f"{int(bits)}/{code}"
+def pipe_label(bits: int | Width, code: str) -> str:
+    """The index label of a block stored at ``bits`` (both halves, or (key bits, value
+    bits)) with code ``code``."""
+    return f"{width_text(uniform(bits) if isinstance(bits, int) else bits)}/{code}"
 
 
-def label_parts(label: str) -> tuple[int, str]:
-    """(bits, code) of a label :func:`pipe_label` made."""
+def label_parts(label: str) -> tuple[Width, str]:
+    """((key bits, value bits), code) of a label :func:`pipe_label` made."""
     bits, code = label.split("/", 1)
-    return int(bits), code
+    return parse_width(bits), code
 
 
 def _labels(raw: Any, n_blocks: int) -> tuple[str, ...]:

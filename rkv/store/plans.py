@@ -37,6 +37,8 @@ from rkv.placement.options import LRU
 from rkv.placement.planner import Planner
 from rkv.profiles import QualityProfile
 from rkv.profiles import load_profile as named_profile
+from rkv.quant.widths import Width, uniform
+from rkv.quant.widths import quant_spec as quant_spec  # (re-exported: callers import here)
 
 if TYPE_CHECKING:
     from rkv.format.model import ModelSpec
@@ -75,10 +77,6 @@ def snap_reuse(reuse: float, last: float | None) -> float:
     if last and abs(reuse / last - 1.0) <= _REUSE_SLACK:
         return last
     return float(f"{reuse:.2g}")
-
-
-def quant_spec(bits: int) -> str:
-    return "none" if bits >= 16 else f"kivi(bits={bits})"
 
 
 def load_profile(cfg: PlacementConfig, spec: ModelSpec | None) -> QualityProfile | None:
@@ -134,11 +132,11 @@ class EnginePlacement:
         self.cfg = cfg
         self.tiers = {t.name: t for t in tiers}
         self._planners: dict[bytes | tuple[bytes, str], Planner] = {}
-        self._fixed: dict[tuple[bytes, int], Planner] = {}
+        self._fixed: dict[tuple[bytes, Width], Planner] = {}
         self._moves: dict[tuple[Any, ...], Pipeline] = {}
         self._blocks = LRU(64)
         self._tier_inputs: dict[str, TierInput] = {}
-        self._pipes: dict[tuple[int, str], Pipeline] = {}
+        self._pipes: dict[tuple[Width, str], Pipeline] = {}
         self.timing: dict[str, float] = {"plans": 0, "plan_us": 0.0, "last_plan_us": 0.0,
                                          "solve_us": 0.0}
         #: Learns residency and reuse per (tier, depth bucket) (None: the config's values).
@@ -163,7 +161,7 @@ class EnginePlacement:
             profile = base.profile if base is not None else load_profile(self.cfg, spec)
             cfg = over or self.cfg
             if profile is None:
-                cfg = replace(cfg, bits=(16,))
+                cfg = replace(cfg, bits=(16,), kv_bits=())
             p = self._planners[key] = Planner(cfg, profile)
         return p
 
@@ -259,7 +257,7 @@ class EnginePlacement:
         t0 = time.perf_counter()
         plan = self.planner(spec, over).plan(self.blocks(spec, tokens, n_chunks, tier),
                                        [self.tier_input(tier)])
-        pipes = [self._pipe(b, c) for b, c in zip(plan.block_bits, plan.block_code,
+        pipes = [self._pipe(w, c) for w, c in zip(plan.block_widths, plan.block_code,
                                                   strict=True)]
         layers = spec.n_layers
         out = [pipes[i * layers:(i + 1) * layers] for i in range(len(tokens))]
@@ -271,33 +269,35 @@ class EnginePlacement:
         timing["solve_us"] += plan.plan_us
         return out
 
-    def _pipe(self, bits: int, code: str) -> Pipeline:
-        hit = self._pipes.get((bits, code))
+    def _pipe(self, width: Width, code: str) -> Pipeline:
+        hit = self._pipes.get((width, code))
         if hit is None:
-            hit = self._pipes[bits, code] = Pipeline.parse(quant_spec(bits), code)
+            hit = self._pipes[width, code] = Pipeline.parse(quant_spec(width), code)
         return hit
 
     def demotion_code(self, spec: ModelSpec, layer: int, tokens: int, pos: int,
-                      bits: int, tier: str) -> Pipeline:
-        """The pipeline for one block moving to ``tier``: its bits kept, the code re-planned
-        for the new tier's fault model (fewer bits: :mod:`rkv.store.demotion`)."""
+                      bits: int | Width, tier: str) -> Pipeline:
+        """The pipeline for one block moving to ``tier``: its bits (an int for K and V, or
+        (key bits, value bits)) kept, the code re-planned for the new tier's fault model
+        (fewer bits: :mod:`rkv.store.demotion`)."""
+        width = uniform(bits) if isinstance(bits, int) else bits
         # With the bits fixed the layer's quality does not enter: one plan per shape,
         # position and tier serves every layer of every chunk that moves there.
         fp = spec.fingerprint()
         hours, reuse = self.expect(tier, pos)
-        move = (fp, tokens, pos, bits, tier, hours, reuse)
+        move = (fp, tokens, pos, width, tier, hours, reuse)
         hit = self._moves.get(move)
         if hit is not None:
             return hit
         planner = self.planner(spec)
-        one = self._fixed.get((fp, bits))
+        one = self._fixed.get((fp, width))
         if one is None:
             # The bits are kept, so is the KL the block already costs: a budget lowered
             # since it was stored must not turn its re-plan into a fallback.
-            fixed = replace(planner.config, bits=(bits,), quality_budget_kl=1e300)
-            one = self._fixed[fp, bits] = Planner(fixed, planner.profile, planner.cache)
+            fixed = planner.config.fixed(width)
+            one = self._fixed[fp, width] = Planner(fixed, planner.profile, planner.cache)
         block = BlockInput(layer, "kv", pos, tokens, hours, reuse, spec.n_kv_heads,
                            spec.head_dim, spec.dtype, pos + 1)
         b = one.plan([block], [self.tier_input(tier)]).blocks[0]
-        hit = self._moves[move] = Pipeline.parse(quant_spec(b.bits), b.code)
+        hit = self._moves[move] = Pipeline.parse(quant_spec(b.width), b.code)
         return hit

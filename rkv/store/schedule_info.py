@@ -38,10 +38,12 @@ def block_bytes(stats: dict[str, Any]) -> tuple[int, str]:
 
 
 def _typical_pipeline(tier: dict[str, Any]) -> tuple[int, str]:
-    """(bits, code) of the pipeline holding the most bytes in the tier (mix is largest first)."""
+    """(bits, code) of the pipeline holding the most bytes in the tier (mix is largest first);
+    a block with split K and V widths counts as their mean."""
     for entry in tier.get("mix", {}).values():
         if entry.get("code") is not None and entry.get("bits") is not None:
-            return int(entry["bits"]), str(entry["code"])
+            vbits = entry.get("vbits") or entry["bits"]
+            return (int(entry["bits"]) + int(vbits)) // 2, str(entry["code"])
     return 16, str(tier.get("ecc", "none"))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from rkv.quant.widths import width_text
 from rkv.store.index import ChunkMeta, label_parts, pipe_label
 from rkv.ui.sizes import human_bytes
 from rkv.ui.tables import Column, render
@@ -26,7 +27,7 @@ UNKNOWN = "unknown"
 
 def stages_label(quant: Quantizer | None, codec: Codec | None) -> str:
     """The label of a block quantized by ``quant`` (None: 16 bits) and coded by ``codec``."""
-    return pipe_label(16 if quant is None else int(quant.bits),
+    return pipe_label((16, 16) if quant is None else quant.widths,
                       "none" if codec is None else codec.spec)
 
 
@@ -39,8 +40,8 @@ def mix_key(label: str) -> str:
     """How the mix names a label: ``"4-bit + rs(n=255,k=239,interleave=1)"``."""
     if not label:
         return UNKNOWN
-    bits, code = label_parts(label)
-    return f"{bits}-bit + {code}"
+    width, code = label_parts(label)
+    return f"{width_text(width)}-bit + {code}"
 
 
 class Mix:
@@ -61,15 +62,16 @@ class Mix:
                 cur[1] += size
 
     def tier(self, name: str) -> dict[str, dict[str, Any]]:
-        """``{"4-bit + rs(...)": {"bits", "code", "blocks", "bytes"}, ...}``, largest first;
-        ``"unknown"`` (bits and code None) for blocks without a label."""
+        """``{"4-bit + rs(...)": {"bits", "vbits", "code", "blocks", "bytes"}, ...}``, largest
+        first (``bits`` the keys', ``vbits`` the values'; ``"4+2-bit + ..."`` when they
+        differ); ``"unknown"`` (bits and code None) for blocks without a label."""
         rows = sorted(((lab, n) for (t, lab), n in self._n.items() if t == name),
                       key=lambda r: (-r[1][1], r[0]))
         out: dict[str, dict[str, Any]] = {}
         for lab, (blocks, nbytes) in rows:
-            bits, code = label_parts(lab) if lab else (None, None)
-            out[mix_key(lab)] = {"bits": bits, "code": code, "blocks": blocks,
-                                 "bytes": nbytes}
+            width, code = label_parts(lab) if lab else ((None, None), None)
+            out[mix_key(lab)] = {"bits": width[0], "vbits": width[1], "code": code,
+                                 "blocks": blocks, "bytes": nbytes}
         return out
 
 
@@ -80,7 +82,9 @@ def mix_rows(tiers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for name, t in tiers.items():
         total = sum(r["bytes"] for r in t.get("mix", {}).values()) or 1
         for r in t.get("mix", {}).values():
-            rows.append({"tier": name, "bits": r["bits"], "code": r["code"],
+            bits = r["bits"] if r.get("vbits") in (None, r["bits"]) else \
+                width_text((r["bits"], r["vbits"]))
+            rows.append({"tier": name, "bits": bits, "code": r["code"],
                          "blocks": r["blocks"], "bytes": r["bytes"],
                          "share": r["bytes"] / total})
     return rows
