@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
               help="engine config TOML with a [placement] table  [default: the default tiers "
                    "and placement defaults]")
 @click.option("--tier", default=None,
-              help="the tier the chunks go to  [default: the first tier]")
+              help="the tier the chunks go to  [default: the first tier; with place_tiers, "
+                   "every tier]")
 @click.option("--rows", type=click.IntRange(min=0), default=60,
               help="table rows to print (0: all)")
 @click.option("--json", "json", type=OUT_FILE, default=None,
@@ -66,18 +67,26 @@ def cmd_plan(args: Any) -> int:
     check_writable(args.json, "--json")
     cfg = load_engine_config(args.config) if args.config else EngineConfig()
     spec = _model(args.model)
-    tier = args.tier or cfg.tiers[0].name
-    cfg.tier(tier)
-    placement = EnginePlacement(cfg.placement_config or PlacementConfig.from_dict({}), cfg.tiers)
+    pcfg = cfg.placement_config or PlacementConfig.from_dict({})
+    # With place_tiers the planner chooses among every tier (unless --tier pins one).
+    names = ([args.tier] if args.tier else [t.name for t in cfg.tiers] if pcfg.place_tiers
+             else [cfg.tiers[0].name])
+    for name in names:
+        cfg.tier(name)
+    placement = EnginePlacement(pcfg, cfg.tiers)
     n = cfg.chunk_tokens
     tokens = [min(n, args.tokens - s) for s in range(0, args.tokens, n)]
     planner = placement.planner(spec)
     plan = planner.plan(placement.blocks(spec, tokens, len(tokens)),
-                        [placement.tier_input(tier)])
-    log.info("plan: %d blocks for %d tokens on tier %s", len(plan.blocks), args.tokens, tier)
+                        [placement.tier_input(t) for t in names])
+    where = ", ".join(f"{t} ({cfg.tier(t).fault_model})" for t in names)
+    log.info("plan: %d blocks for %d tokens on %s", len(plan.blocks), args.tokens, where)
+    stall = (f"; streamed-restore stall {plan.extra['stall_us']:.1f} us"
+             if "stall_us" in plan.extra else "")
     print(f"plan: {spec.model_id}, {args.tokens} tokens in {len(tokens)} chunk(s) of {n}, "
-          f"tier {tier} ({cfg.tier(tier).fault_model}), {len(plan.blocks)} blocks; "
-          f"profile: {planner.profile.model if planner.profile else 'none (16 bits only)'}")
+          f"tier{'s' if len(names) > 1 else ''} {where}, {len(plan.blocks)} blocks; "
+          f"profile: {planner.profile.model if planner.profile else 'none (16 bits only)'}"
+          f"{stall}")
     print(plan.table(None if args.rows == 0 else args.rows))
     if args.json:
         Path(args.json).write_text(json.dumps(plan.to_dict(), indent=2, default=str))

@@ -42,7 +42,8 @@ KINDS = ("k", "v", "kv")
 DEFAULT_RECOMPUTE_US_PER_TOKEN = 100.0
 _KEYS = ("max_p_sdc", "max_p_due", "quality_budget_kl", "recompute_us_per_token",
          "recompute_us_per_chunk", "bits", "kv_bits", "codes", "capacity_cost",
-         "lossy_demotion", "residency_hours", "reuse", "estimate", "profile")
+         "lossy_demotion", "residency_hours", "reuse", "estimate", "profile",
+         "layer_compute_us", "place_tiers")
 
 
 def adjacent_pairs(bits: Sequence[int]) -> tuple[Width, ...]:
@@ -101,7 +102,14 @@ class PlacementConfig:
     chunk depth from what its policies see: :mod:`policies.estimate`; ``estimate = false``
     pins these values), and ``profile``, the quality profile (a path or a shipped name;
     empty: the shipped profile for the model's fingerprint, if any; with none, only 16 bits
-    are planned).
+    are planned). ``layer_compute_us``: the compute time of one model layer while a restored
+    prefix streams in (measured per model and machine); set, a block's read cost is the
+    stall it causes under layer streaming (:mod:`rkv.placement.stall`) instead of its raw
+    read time, so later layers may live in slower tiers; None (default): raw read time.
+    ``place_tiers`` (engine): the planner chooses each block's tier among the usable tiers
+    as well (the layers of one chunk may live in different tiers; capacity, admission and
+    eviction stay the decision site's); false (default): the decision site picks the chunk's
+    tier and the planner its blocks' bits and codes there.
     """
 
     max_p_sdc: float = 1e-15
@@ -118,6 +126,8 @@ class PlacementConfig:
     reuse: float = 1.0
     estimate: bool = True
     profile: str = ""
+    layer_compute_us: float | None = None
+    place_tiers: bool = False
 
     def __post_init__(self) -> None:
         # Re-validate through from_dict's rules so direct construction is checked too.
@@ -133,6 +143,7 @@ class PlacementConfig:
                               "recompute_us_per_chunk, not both")
         for key, v in (("recompute_us_per_token", tok), ("recompute_us_per_chunk", chunk)):
             _nonneg({key: v}, key, None)
+        _nonneg({"layer_compute_us": self.layer_compute_us}, "layer_compute_us", None)
         if not isinstance(self.bits, tuple) or any(
                 isinstance(b, bool) or b not in BITS_ALLOWED for b in self.bits) or len(
                 set(self.bits)) != len(self.bits):
@@ -163,7 +174,7 @@ class PlacementConfig:
         as_float(self.residency_hours, "placement: residency_hours", lo=0.0, lo_open=True)
         as_float(self.reuse, "placement: reuse", lo=0.0)
         as_str(self.profile, "placement: profile", what="a path or a name")
-        for key in ("lossy_demotion", "estimate"):
+        for key in ("lossy_demotion", "estimate", "place_tiers"):
             as_bool(getattr(self, key), f"placement: {key}")
 
     # ------------------------------------------------------------------ loading
@@ -184,6 +195,8 @@ class PlacementConfig:
             kw["recompute_us_per_chunk"] = _nonneg(d, "recompute_us_per_chunk", None)
         if "recompute_us_per_token" in d:
             kw["recompute_us_per_token"] = _nonneg(d, "recompute_us_per_token", None)
+        if "layer_compute_us" in d:
+            kw["layer_compute_us"] = _nonneg(d, "layer_compute_us", None)
         for key in ("bits", "codes"):
             if key in d:
                 v = d[key]
@@ -197,7 +210,8 @@ class PlacementConfig:
                           what="a table of tier = cost per GiB", plain=False)
             kw["capacity_cost"] = {str(k): as_float(v, f"placement: capacity_cost.{k}", lo=0.0)
                                    for k, v in cc.items()}
-        for key in ("lossy_demotion", "residency_hours", "reuse", "estimate", "profile"):
+        for key in ("lossy_demotion", "residency_hours", "reuse", "estimate", "profile",
+                    "place_tiers"):
             if key in d:
                 kw[key] = d[key]
         return cls(**kw)
@@ -218,7 +232,10 @@ class PlacementConfig:
             "capacity_cost": dict(self.capacity_cost), "lossy_demotion": self.lossy_demotion,
             "residency_hours": self.residency_hours, "reuse": self.reuse,
             "estimate": self.estimate, "profile": self.profile,
+            "place_tiers": self.place_tiers,
         }
+        if self.layer_compute_us is not None:
+            d["layer_compute_us"] = self.layer_compute_us
         if self.kv_bits is not None:      # None: the default pairs follow bits
             d["kv_bits"] = [list(w) for w in self.kv_bits]
         if self.recompute_us_per_chunk is not None:

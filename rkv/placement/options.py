@@ -331,6 +331,11 @@ class Table:
         full = reuse[:, None] * self.read_us + self.p_due * recompute[:, None] + self.cap_cost
         return np.where(self.kept, full, np.inf)
 
+    def held_cost(self, recompute: F64) -> F64:
+        """Expected cost of every (block, column) without the read term (DUE recompute and
+        capacity); ``inf`` where not offered."""
+        return np.where(self.kept, self.p_due * recompute[:, None] + self.cap_cost, np.inf)
+
     def full_cost(self, reuse: F64, recompute: F64) -> F64:
         """Expected cost of every template option (limits and pruning ignored)."""
         def g(f: str) -> F64:

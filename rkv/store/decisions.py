@@ -380,6 +380,27 @@ class Decisions:
             + ("" if len(usable) == len(self.order) else " (some tiers are damaged)")
         )
 
+    def place_parts(self, txn: Any, item: Item, needs: dict[str, int], protect: Protected,
+                    pending: Pending, stats: Counter[str], now: float) -> bool:
+        """Room for a chunk whose blocks were planned into several tiers (``needs``: bytes
+        per tier, placement's ``place_tiers``): each part is admitted and made room for as
+        a chunk of that size would be in that tier. False when some part cannot be (the
+        caller then places the chunk whole, :meth:`place`); room already made for other
+        parts stays made."""
+        for name in sorted(needs, key=self.order.index):
+            need = needs[name]
+            level = self.order.index(name)
+            if not self.usable(name) or need > self.caps[name]:
+                return False
+            if self.ix.live_usage(txn).bytes(name) + need > self.caps[name]:
+                here = Item(item.key, need, name, item.group, item.depth, item.parent,
+                            item.miss_cost)
+                if not self.admission[name].admit(here, now):
+                    return False
+            if not self.make_room(txn, level, need, protect, pending, stats):
+                return False
+        return True
+
     def inserted(self, key: bytes, meta: ChunkMeta, tier: str, now: float) -> None:
         item = item_for(key, meta, tier)
         self.policies[tier].on_insert(item, now)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -254,11 +254,26 @@ class EnginePlacement:
         """Per chunk, per layer, the pipeline planned for ``tier`` (raises
         :class:`~rkv.placement.InfeasiblePlanError` when the targets cannot be met there);
         ``over``: the put's own targets."""
+        planned = self._planned(spec, tokens, n_chunks, [tier], over)
+        return [[p for _, p in chunk] for chunk in planned]
+
+    def tiered_plan(self, spec: ModelSpec, tokens: list[int], n_chunks: int,
+                    tiers: Sequence[str], over: PlacementConfig | None = None
+                    ) -> list[list[tuple[str, Pipeline]]]:
+        """Per chunk, per layer, the tier (one of ``tiers``) and pipeline the planner chose
+        (``place_tiers``): the layers of one chunk may go to different tiers. Residency and
+        reuse are the config's (the estimates are per tier, and the tier is what is being
+        chosen)."""
+        return self._planned(spec, tokens, n_chunks, list(tiers), over)
+
+    def _planned(self, spec: ModelSpec, tokens: list[int], n_chunks: int, tiers: list[str],
+                 over: PlacementConfig | None) -> list[list[tuple[str, Pipeline]]]:
         t0 = time.perf_counter()
-        plan = self.planner(spec, over).plan(self.blocks(spec, tokens, n_chunks, tier),
-                                       [self.tier_input(tier)])
-        pipes = [self._pipe(w, c) for w, c in zip(plan.block_widths, plan.block_code,
-                                                  strict=True)]
+        home = tiers[0] if len(tiers) == 1 else None
+        plan = self.planner(spec, over).plan(self.blocks(spec, tokens, n_chunks, home),
+                                             [self.tier_input(t) for t in tiers])
+        pipes = [(t, self._pipe(w, c)) for t, w, c in zip(
+            plan.block_tier, plan.block_widths, plan.block_code, strict=True)]
         layers = spec.n_layers
         out = [pipes[i * layers:(i + 1) * layers] for i in range(len(tokens))]
         took = 1e6 * (time.perf_counter() - t0)
@@ -267,6 +282,8 @@ class EnginePlacement:
         timing["plan_us"] += took
         timing["last_plan_us"] = took
         timing["solve_us"] += plan.plan_us
+        if "stall_us" in plan.extra:
+            timing["last_stall_us"] = float(plan.extra["stall_us"])
         return out
 
     def _pipe(self, width: Width, code: str) -> Pipeline:

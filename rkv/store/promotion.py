@@ -72,6 +72,10 @@ class Promotions:
                 self.submit(self._flush)
         if core.config.promote == "never":
             return
+        if core.placement is not None and core.placement.cfg.place_tiers:
+            # The planner put each block where it is needed in time: a read promotion would
+            # undo that (a prefetch still moves whole prefixes up).
+            return
         top = core.decisions.order[0]
         low = [k for k, m in zip(keys[:n], metas[:n], strict=True)
                if any(t != top for t in m.tiers())]

@@ -60,6 +60,29 @@ class Planned:
         self._core, self._plan = core, plan
         self._pipes: dict[tuple[str, int], list[Pipeline]] = {}
         self._sizes: dict[tuple[str, int], list[int]] = {}
+        self._mixed: list[tuple[list[str], list[Pipeline], list[int]]] | None = None
+
+    def mixed(self, chunk: int) -> tuple[list[str], list[Pipeline], list[int]] | None:
+        """With placement's ``place_tiers``: per layer of ``chunk`` the tier, pipeline and
+        record bytes the plan chose among the usable tiers (one plan covers the put);
+        None otherwise."""
+        core = self._core
+        pl = core.placement
+        if pl is None or not pl.cfg.place_tiers:
+            return None
+        if self._mixed is None:
+            spec = self._plan.spec
+            tokens = [e - s for s, e in self._plan.bounds]
+            usable = [t for t in core.decisions.order if core.decisions.usable(t)]
+            self._mixed = []
+            for c, chunk_plan in enumerate(pl.tiered_plan(spec, tokens, len(tokens), usable,
+                                                          self._plan.placement)):
+                shape = spec.block_shape(tokens[c])
+                tiers = [t for t, _ in chunk_plan]
+                pipes = [p.for_block(shape, spec.dtype) for _, p in chunk_plan]
+                sizes = [p.record_bytes(shape, spec.dtype) for p in pipes]
+                self._mixed.append((tiers, pipes, sizes))
+        return self._mixed[chunk]
 
     def pipes(self, tier: str, chunk: int) -> list[Pipeline]:
         key = (tier, chunk)
@@ -136,6 +159,14 @@ class EncodeBatch:
         return self.records[i]
 
 
+def _needs(tiers: list[str], sizes: list[int]) -> dict[str, int]:
+    """Bytes per tier of one chunk's planned blocks."""
+    out: dict[str, int] = {}
+    for t, n in zip(tiers, sizes, strict=True):
+        out[t] = out.get(t, 0) + n
+    return out
+
+
 def write_chunks(core: StoreCore, plan: PutPlan, txn: Any, pending: Pending) -> PutResult:
     """Plan the records of ``plan``'s new chunks and their index entries (one mutation)."""
     ix, decide = core.index, core.decisions
@@ -181,15 +212,21 @@ def write_chunks(core: StoreCore, plan: PutPlan, txn: Any, pending: Pending) -> 
                     parent=keys[i - 1] if i else None,
                     miss_cost=(end - start) / RECOMPUTE_TPS)
         decide.missed(key, item, now)
-        try:
-            tier = decide.place(txn, item, chunk_size, protect, pending, stats, now)
-        except TierFullError:
-            core.share.raise_if_down(chunk_size)   # skipped as down, not full
-            raise
-        if tier is None:
-            refused += 1
-            continue
-        pipes, layer_sizes = planned.pipes(tier, i), planned.sizes(tier, i)
+        mixed = planned.mixed(i)
+        if mixed is not None and decide.place_parts(
+                txn, item, _needs(mixed[0], mixed[2]), protect, pending, stats, now):
+            layer_tiers, pipes, layer_sizes = mixed
+        else:
+            try:
+                tier = decide.place(txn, item, chunk_size, protect, pending, stats, now)
+            except TierFullError:
+                core.share.raise_if_down(chunk_size)   # skipped as down, not full
+                raise
+            if tier is None:
+                refused += 1
+                continue
+            pipes, layer_sizes = planned.pipes(tier, i), planned.sizes(tier, i)
+            layer_tiers = [tier] * spec.n_layers
         for layer in range(spec.n_layers):
             # Encoded at write time (raw blocks into one reused buffer: LMDB copies each
             # record, so no block needs a buffer of its own).
@@ -202,19 +239,20 @@ def write_chunks(core: StoreCore, plan: PutPlan, txn: Any, pending: Pending) -> 
                 enc = batch.add(BlockToEncode(header.with_layer(layer), data, pipe))
             else:
                 enc = partial(pipe.encode, header.with_layer(layer), data, scratch)
-            pending.write(tier, block_key(key, layer), enc, layer_sizes[layer])
+            pending.write(layer_tiers[layer], block_key(key, layer), enc, layer_sizes[layer])
         meta = ChunkMeta(parent=keys[i - 1] if i else b"", pos=i, n_tokens=end - start,
-                         fingerprint=fp, blocks=tuple(zip([tier] * spec.n_layers,
-                                                          layer_sizes, strict=True)),
+                         fingerprint=fp, blocks=tuple(zip(layer_tiers, layer_sizes,
+                                                          strict=True)),
                          at=at + i, pipes=tuple(pipeline_label(p) for p in pipes),
                          end=i == len(keys) - 1,
                          written=(stamp,) * spec.n_layers)
         ix.put_chunk(txn, key, meta, None)
-        decide.inserted(key, meta, tier, now)
+        for tier in sorted(meta.tiers(), key=decide.order.index):   # a policy per part
+            decide.inserted(key, meta, tier, now)
+            per_tier[tier] += 1
         written += 1
         blocks += spec.n_layers
         nbytes += sum(layer_sizes)
-        per_tier[tier] += 1
     return PutResult(plan.n_tokens, len(keys), written, deduped, blocks, nbytes,
                      stats["evicted"], stats["demoted"], dict(per_tier), refused)
 

@@ -1,0 +1,171 @@
+"""Tier in the plan: the stall model of a streamed restore against a direct simulation, a
+planner that puts later layers in a slower tier when streaming hides their reads, never
+worse than one tier, and an engine whose chunks live in several tiers as planned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rkvtest import random_kv
+
+from rkv import ConfigError, Engine, EngineConfig, ModelSpec, TierConfig
+from rkv.format.keys import as_token_array, block_key, chunk_keys
+from rkv.placement import BlockInput, PlacementConfig, Planner, TierInput
+from rkv.placement.stall import finish_times, queued, stall_us, stream_order
+
+DRAM = TierInput("dram", "raw-ber", 1 << 40, read_gbps=20.0, latency_us=0.1)
+NVME = TierInput("nvme", "raw-ber", 1 << 40, read_gbps=6.5, latency_us=80.0)
+
+
+def simulate(layer: list[int], chunk: list[int], tier: list[int], read: list[float],
+             layer_us: float) -> float:
+    """A restore step by step: every tier reads its blocks one by one in (layer, chunk)
+    order; a layer computes once all its blocks are in and the layer before is done."""
+    n_layers = max(layer) + 1
+    busy: dict[int, float] = {}
+    ready = [0.0] * n_layers
+    for i in sorted(range(len(layer)), key=lambda i: (layer[i], chunk[i])):
+        busy[tier[i]] = busy.get(tier[i], 0.0) + read[i]
+        ready[layer[i]] = max(ready[layer[i]], busy[tier[i]])
+    t = 0.0
+    for lay in range(n_layers):
+        t = max(t, ready[lay]) + layer_us
+    return t - n_layers * layer_us
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n_layers=st.integers(1, 8), n_chunks=st.integers(1, 3),
+       layer_us=st.floats(0.0, 300.0))
+def test_stall_is_the_simulated_wait(data: st.DataObject, n_layers: int, n_chunks: int,
+                                     layer_us: float) -> None:
+    layer = [lay for c in range(n_chunks) for lay in range(n_layers)]
+    chunk = [c for c in range(n_chunks) for _ in range(n_layers)]
+    n = len(layer)
+    tier = data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    read = data.draw(st.lists(st.floats(0.0, 500.0), min_size=n, max_size=n))
+    args = (np.array(layer), np.array(chunk), np.array(tier), np.array(read))
+    got = stall_us(*args, 3, layer_us)
+    assert got == pytest.approx(simulate(layer, chunk, tier, read, layer_us), abs=1e-6)
+    order = stream_order(args[0], args[1])
+    done = finish_times(order, args[2], args[3], 3)
+    q = queued(order, args[2], args[3], 3)
+    own = q[np.arange(n), args[2]] + args[3]
+    assert np.allclose(own, done)
+
+
+def blocks(n_layers: int = 30, chunks: int = 2) -> list[BlockInput]:
+    return [BlockInput(lay, "kv", c, 256, 24.0, 1.0, 3, 64, "float16", chunks)
+            for c in range(chunks) for lay in range(n_layers)]
+
+
+def cfg(layer_us: float | None, **kw: object) -> dict[str, object]:
+    return {"max_p_due": 1.0, "bits": [16], "codes": ["none"], "layer_compute_us": layer_us,
+            "capacity_cost": {"dram": 4000.0, "nvme": 30.0}, **kw}
+
+
+def test_streaming_moves_later_layers_to_the_slow_tier() -> None:
+    """200 us of compute per layer hides an NVMe read (110 us per 192 KiB block) for most
+    layers: the plan keeps only the first layers in DRAM and stalls no more than an
+    all-DRAM store; without streaming (raw read time) everything stays in DRAM."""
+    bl = blocks()
+    plan = Planner(cfg(200.0)).plan(bl, [DRAM, NVME])
+    alldram = Planner(cfg(200.0)).plan(bl, [DRAM])
+    assert plan.extra["stall_us"] <= alldram.extra["stall_us"] * 1.10
+    dram = [b.layer for b in plan.blocks if b.tier == "dram"]
+    assert len(dram) <= len(bl) // 2 and 0 in dram
+    assert plan.tier_bytes["dram"] <= 0.5 * sum(plan.tier_bytes.values())
+    raw = Planner(cfg(None)).plan(bl, [DRAM, NVME])
+    assert set(raw.block_tier) == {"dram"}
+    # Little compute to hide behind: the slow tier only takes what it can deliver in time.
+    tight = Planner(cfg(5.0)).plan(bl, [DRAM, NVME])
+    assert tight.extra["stall_us"] <= Planner(cfg(5.0)).plan(bl, [DRAM]).extra["stall_us"]
+    assert sum(t == "nvme" for t in tight.block_tier) < sum(t == "nvme"
+                                                           for t in plan.block_tier)
+
+
+@settings(max_examples=25, deadline=None)
+@given(layer_us=st.floats(0.0, 3000.0), dram_cost=st.floats(0.0, 1e5),
+       n_layers=st.integers(1, 12), chunks=st.integers(1, 3))
+def test_never_worse_than_one_tier(layer_us: float, dram_cost: float, n_layers: int,
+                                   chunks: int) -> None:
+    bl = blocks(n_layers, chunks)
+    c = cfg(layer_us, capacity_cost={"dram": dram_cost, "nvme": 30.0})
+    both = Planner(c).plan(bl, [DRAM, NVME])
+    for one in ([DRAM], [NVME]):
+        assert both.total_cost_us <= Planner(c).plan(bl, one).total_cost_us * (1 + 1e-9)
+    assert both.lower_bound_us <= both.total_cost_us
+
+
+def test_stream_config_validated() -> None:
+    with pytest.raises(ConfigError, match="layer_compute_us"):
+        PlacementConfig.from_dict({"layer_compute_us": -1.0})
+    with pytest.raises(ConfigError, match="place_tiers"):
+        PlacementConfig.from_dict({"place_tiers": "sometimes"})
+    c = PlacementConfig(layer_compute_us=50.0, place_tiers=True)
+    assert PlacementConfig.from_dict(c.to_dict()) == c
+
+
+SPEC = ModelSpec("test/tiered", n_layers=8, n_kv_heads=2, head_dim=64, dtype="float16")
+
+
+def _engine(tmp_path: Path, dram: int = 1 << 30) -> EngineConfig:
+    tiers = (TierConfig("dram", medium="memory", path="t/dram", capacity_bytes=dram,
+                        read_gbps=20.0, latency_us=0.1, fault_model="raw-ber"),
+             TierConfig("nvme", medium="disk", path="t/nvme", capacity_bytes=1 << 30,
+                        read_gbps=6.5, latency_us=80.0, fault_model="raw-ber"))
+    return EngineConfig(chunk_tokens=64, tiers=tiers, promote="after(n=1)", placement={
+        "max_p_due": 1.0, "bits": [16], "codes": ["none"], "layer_compute_us": 100.0,
+        "place_tiers": True, "capacity_cost": {"dram": 4000.0, "nvme": 30.0}})
+
+
+def _tiers(e: Engine, tokens: list[int]) -> list[list[str]]:
+    out = []
+    for key in chunk_keys(as_token_array(tokens), SPEC.fingerprint(), 64):
+        with e.core.index.env.read() as txn:
+            meta = e.core.index.get_chunk(txn, key)
+        assert meta is not None
+        for layer, (tier, size) in enumerate(meta.blocks):
+            rec = e.tiers[tier].get(block_key(key, layer))
+            assert rec is not None and len(rec) == size          # the block is where it says
+            others = [t for t in e.tiers if t != tier]
+            assert all(e.tiers[t].get(block_key(key, layer)) is None for t in others)
+        out.append([t for t, _ in meta.blocks])
+    return out
+
+
+def test_engine_places_the_layers_of_a_chunk_in_several_tiers(tmp_path: Path) -> None:
+    tokens = list(range(128))
+    kv = random_kv(SPEC, 128)
+    with Engine.open(tmp_path / "s", _engine(tmp_path)) as e:
+        e.put(tokens, kv, model=SPEC)
+        tiers = _tiers(e, tokens)
+        assert all(t[0] == "dram" for t in tiers)             # layer 0 is needed first
+        assert any("nvme" in t for t in tiers)
+        for _ in range(3):                                    # reads promote nothing planned
+            got = e.get(tokens, model=SPEC)
+            assert got.ok and np.array_equal(got.kv, kv)
+        e.settle()
+        assert _tiers(e, tokens) == tiers
+        st = e.stats()
+        assert st["tiers"]["dram"]["blocks"] + st["tiers"]["nvme"]["blocks"] == 16
+        assert st["tiers"]["nvme"]["mix"]
+
+
+def test_a_full_fast_tier_demotes_the_planned_part(tmp_path: Path) -> None:
+    """DRAM holds little: earlier chunks' DRAM parts are demoted to make room, reads still
+    return every block exactly."""
+    puts = [(list(range(100 * i, 100 * i + 64)), random_kv(SPEC, 64, seed=i))
+            for i in range(4)]
+    with Engine.open(tmp_path / "s", _engine(tmp_path, dram=200_000)) as e:
+        for tokens, kv in puts:
+            e.put(tokens, kv, model=SPEC)
+        for tokens, kv in puts:
+            got = e.get(tokens, model=SPEC)
+            assert got.ok and np.array_equal(got.kv, kv)
+        assert e.stats()["tiers"]["dram"]["bytes"] <= 200_000
+        assert {t for tokens, _ in puts for c in _tiers(e, tokens) for t in c} == {"dram",
+                                                                                    "nvme"}
