@@ -43,7 +43,7 @@ DEFAULT_RECOMPUTE_US_PER_TOKEN = 100.0
 _KEYS = ("max_p_sdc", "max_p_due", "quality_budget_kl", "recompute_us_per_token",
          "recompute_us_per_chunk", "bits", "kv_bits", "codes", "capacity_cost",
          "lossy_demotion", "residency_hours", "reuse", "estimate", "profile",
-         "layer_compute_us", "place_tiers")
+         "layer_compute_us", "parallel_reads", "place_tiers")
 
 
 def adjacent_pairs(bits: Sequence[int]) -> tuple[Width, ...]:
@@ -106,10 +106,12 @@ class PlacementConfig:
     prefix streams in (measured per model and machine); set, a block's read cost is the
     stall it causes under layer streaming (:mod:`rkv.placement.stall`) instead of its raw
     read time, so later layers may live in slower tiers; None (default): raw read time.
-    ``place_tiers`` (engine): the planner chooses each block's tier among the usable tiers
-    as well (the layers of one chunk may live in different tiers; capacity, admission and
-    eviction stay the decision site's); false (default): the decision site picks the chunk's
-    tier and the planner its blocks' bits and codes there.
+    ``parallel_reads``: whether the restore reads its tiers concurrently (one reader per
+    tier) or, as rkv's own :meth:`Engine.get_layers` does, with one reader in layer order
+    (false, the default). ``place_tiers`` (engine): the planner chooses each block's tier
+    among the usable tiers as well (the layers of one chunk may live in different tiers;
+    capacity, admission and eviction stay the decision site's); false (default): the
+    decision site picks the chunk's tier and the planner its blocks' bits and codes there.
     """
 
     max_p_sdc: float = 1e-15
@@ -127,6 +129,7 @@ class PlacementConfig:
     estimate: bool = True
     profile: str = ""
     layer_compute_us: float | None = None
+    parallel_reads: bool = False
     place_tiers: bool = False
 
     def __post_init__(self) -> None:
@@ -174,7 +177,7 @@ class PlacementConfig:
         as_float(self.residency_hours, "placement: residency_hours", lo=0.0, lo_open=True)
         as_float(self.reuse, "placement: reuse", lo=0.0)
         as_str(self.profile, "placement: profile", what="a path or a name")
-        for key in ("lossy_demotion", "estimate", "place_tiers"):
+        for key in ("lossy_demotion", "estimate", "place_tiers", "parallel_reads"):
             as_bool(getattr(self, key), f"placement: {key}")
 
     # ------------------------------------------------------------------ loading
@@ -211,7 +214,7 @@ class PlacementConfig:
             kw["capacity_cost"] = {str(k): as_float(v, f"placement: capacity_cost.{k}", lo=0.0)
                                    for k, v in cc.items()}
         for key in ("lossy_demotion", "residency_hours", "reuse", "estimate", "profile",
-                    "place_tiers"):
+                    "place_tiers", "parallel_reads"):
             if key in d:
                 kw[key] = d[key]
         return cls(**kw)
@@ -232,7 +235,7 @@ class PlacementConfig:
             "capacity_cost": dict(self.capacity_cost), "lossy_demotion": self.lossy_demotion,
             "residency_hours": self.residency_hours, "reuse": self.reuse,
             "estimate": self.estimate, "profile": self.profile,
-            "place_tiers": self.place_tiers,
+            "place_tiers": self.place_tiers, "parallel_reads": self.parallel_reads,
         }
         if self.layer_compute_us is not None:
             d["layer_compute_us"] = self.layer_compute_us

@@ -159,6 +159,8 @@ class Planner:
         p, table = built.problem, built.table
         c = float(self.config.layer_compute_us or 0.0)
         n, nt = len(blocks), len(tiers)
+        # One reader (rkv's LayerStream): every tier's reads wait in one queue.
+        qt = nt if self.config.parallel_reads else 1
         layer = np.fromiter((b.layer for b in blocks), np.int64, n)
         chunk = np.fromiter(map(_CHUNK, blocks), np.int64, n)
         order = stream_order(layer, chunk)
@@ -166,21 +168,22 @@ class Planner:
         held: F64 = table.held_cost(built.recompute)
         reuse, rows = built.reuse, np.arange(n)
         mean_reuse = float(reuse.mean())
-        queue = np.zeros((n, nt))
+        queue = np.zeros((n, qt))
         best: tuple[float, Solution, Problem, float] | None = None
         for _ in range(_STALL_ROUNDS):
-            late: F64 = lateness(table.read_us, table.tier, queue, slack)
+            late: F64 = lateness(table.read_us, self._queue_tier(table.tier), queue, slack)
             prob = replace(p, cost=np.asarray(held + reuse[:, None] * late, np.float64))
             try:
                 sol = solve_fast(prob, hint=None if best is None else best[1].choice)
             except NoFeasibleChoice as exc:
                 raise self._infeasible(exc, built, blocks) from None
-            read, tier = table.read_us[rows, sol.choice], table.tier[rows, sol.choice]
-            stall = stall_us(layer, chunk, tier, read, nt, c)
+            read = table.read_us[rows, sol.choice]
+            tier = self._queue_tier(table.tier[rows, sol.choice])
+            stall = stall_us(layer, chunk, tier, read, qt, c)
             real = float(held[rows, sol.choice].sum()) + mean_reuse * stall
             if best is None or real < best[0]:
                 best = (real, sol, prob, stall)
-            nxt = queued(order, tier, read, nt)
+            nxt = queued(order, tier, read, qt)
             if np.array_equal(nxt, queue):
                 break
             queue = nxt
@@ -194,8 +197,8 @@ class Planner:
             one = self._in_tier(table, same, choice, t, p.capacity)
             if one is None:
                 continue
-            st = stall_us(layer, chunk, table.tier[rows, one], table.read_us[rows, one], nt,
-                          c)
+            st = stall_us(layer, chunk, self._queue_tier(table.tier[rows, one]),
+                          table.read_us[rows, one], qt, c)
             cost = float(held[rows, one].sum()) + mean_reuse * st
             if cost < real:
                 choice, real, stall = one, cost, st
@@ -244,8 +247,9 @@ class Planner:
                         continue
                     trial = choice.copy()
                     trial[i] = col
-                    st = stall_ranked(rank, fwd, table.tier[rows, trial],
-                                      table.read_us[rows, trial], nt, c)
+                    qt = nt if self.config.parallel_reads else 1
+                    st = stall_ranked(rank, fwd, self._queue_tier(table.tier[rows, trial]),
+                                      table.read_us[rows, trial], qt, c)
                     cost = float(held[rows, trial].sum()) + mean_reuse * st
                     if cost < real * (1 - 1e-12):
                         used[t_from] -= table.nbytes[i, j]
@@ -255,6 +259,10 @@ class Planner:
             if not moved:
                 break
         return choice, real, stall
+
+    def _queue_tier(self, tier: I64) -> I64:
+        """The read queue of each entry: its tier with parallel reads, else the one queue."""
+        return tier if self.config.parallel_reads else np.zeros_like(tier)
 
     @staticmethod
     def _in_tier(table: Table, same: list[dict[int, tuple[int, ...]]], choice: I64,

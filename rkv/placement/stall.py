@@ -6,7 +6,9 @@ they arrive in time. The model here: every tier streams the blocks it holds in l
 (all chunks of layer 0, then of layer 1, ...), tiers in parallel; a block's read takes its
 tier's latency plus its bytes over the tier's bandwidth; layer ``l`` is ready when its last
 block is; computing a layer takes ``layer_us`` (measured per model and machine, e.g. by
-``benchmarks/bench_tier_stream.py``). Then the restore ends at
+``benchmarks/bench_tier_stream.py``). With one reader (rkv's own
+:meth:`~rkv.Engine.get_layers` reads in one background thread) all tiers share one queue:
+pass every block as tier 0 of 1. Then the restore ends at
 
     end = L x layer_us + max(0, max_l (ready_l - l x layer_us))
 

@@ -63,7 +63,8 @@ def test_split_width_bytes_come_from_the_quantizer() -> None:
 
 def test_a_budget_goes_to_the_keys() -> None:
     """Keys cost 20x values: at a budget between uniform 4 and uniform 2 the plan keeps the
-    keys at no fewer bits than the values (and some at more), and its KL is the profile's K plus V entries."""
+    keys at no fewer bits than the values (and some at more), and its KL is the profile's K
+    plus V entries."""
     prof = kl_table()
     cfg = {"max_p_due": 1.0, "bits": [16, 8, 4, 2], "codes": ["none"],
            "quality_budget_kl": 0.2, "capacity_cost": {"dram": 1e6}}

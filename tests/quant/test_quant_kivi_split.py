@@ -113,6 +113,7 @@ def test_frozen_records_read(name: str) -> None:
     dec = decode_record(frozen)
     quant, codec = header_stages(dec.header)
     assert quant is not None and quant.spec == get_quantizer(meta["quant"]).spec
+    assert codec is not None and codec.spec == "rs(n=255,k=239,interleave=1)"
     out = np.empty(tuple(meta["shape"]), np.float16)
     v = read_block(dec, out)
     assert v.corrected == 0 and v.degraded == 0
