@@ -18,6 +18,7 @@ from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.placement import BlockInput, PlacementConfig, Planner, TierInput
 from rkv.placement.stall import finish_times, queued, stall_us, stream_order
 
+SPEEDS = {"dram": (20.0, 0.1), "nvme": (6.5, 80.0)}     # GB/s, us
 DRAM = TierInput("dram", "raw-ber", 1 << 40, read_gbps=20.0, latency_us=0.1)
 NVME = TierInput("nvme", "raw-ber", 1 << 40, read_gbps=6.5, latency_us=80.0)
 
@@ -206,3 +207,56 @@ def test_rkv_plan_plans_across_tiers(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "tiers dram" in text and "stall" in text
     doc = json.loads(out.read_text())
     assert {b["tier"] for b in doc["blocks"]} == {"dram", "nvme"}
+
+
+def test_campaign_on_a_mixed_tier_store_agrees_with_the_prediction(tmp_path: Path) -> None:
+    """A planned store whose chunks live in DRAM and NVMe, each tier with its own raw BER;
+    every block is injected from the model of the tier it is in, and the DUE count agrees
+    with the plan's predictions two-sided (and would not if every block drew DRAM's
+    rate)."""
+    from rkv.eval.faults.planned import (
+        BlockPrediction,
+        compare,
+        predicted_totals,
+        run_planned_campaign,
+    )
+    from rkv.placement.options import resolve_model
+    from rkv.tiers.faulty import FaultyTier
+
+    spec = ModelSpec("test/mixed-campaign", n_layers=6, n_kv_heads=1, head_dim=16,
+                     dtype="float16")
+    bers = {"dram": 4e-5, "nvme": 1e-5}
+    for n, b in bers.items():
+        (tmp_path / f"{n}.toml").write_text(f'preset = "raw-ber"\nber = {b!r}\n')
+    tiers = tuple(TierConfig(n, medium="memory" if n == "dram" else "disk", path=f"t/{n}",
+                             capacity_bytes=1 << 30, read_gbps=SPEEDS[n][0],
+                             latency_us=SPEEDS[n][1], fault_model=str(tmp_path / f"{n}.toml"))
+                  for n in ("dram", "nvme"))
+    cfg = EngineConfig(chunk_tokens=32, tiers=tiers, promote="never", repair=False,
+                       placement={"max_p_due": 1.0, "bits": [16], "codes": ["none"],
+                                  "layer_compute_us": 40.0, "place_tiers": True,
+                                  "recompute_us_per_chunk": 0.0,
+                                  "capacity_cost": {"dram": 4e6, "nvme": 30.0}})
+    tokens = list(range(64))
+    models = {n: resolve_model(str(tmp_path / f"{n}.toml")) for n in bers}
+    with Engine.open(tmp_path / "s", cfg) as e:
+        e.put(tokens, random_kv(spec, 64), model=spec)
+        ep = e.core.placement
+        assert ep is not None
+        plan = ep.planner(spec).plan(ep.blocks(spec, [32, 32], 2),
+                                     [ep.tier_input("dram"), ep.tier_input("nvme")])
+        assert set(plan.block_tier) == {"dram", "nvme"}
+        faulty = {n: e.wrap_tier(n, lambda t: FaultyTier(t)) for n in bers}
+        res = run_planned_campaign(e, faulty, tokens, spec, models, 24.0, 60, seed=3,
+                                   chunk_tokens=32)
+    preds = [BlockPrediction(b.chunk, b.layer, 0.0, b.p_due, b.p_sdc) for b in plan.blocks]
+    tot = predicted_totals(preds)
+    cmp = compare(res.counts["due"], res.trials, tot["due"], tot["due_var"], len(preds))
+    assert cmp["observed_in_predicted_range"], cmp
+    # Power: had every block drawn DRAM's rate, the count would be far outside that range.
+    worst = [BlockPrediction(b.chunk, b.layer, 0.0, max(p.p_due for p in plan.blocks
+                                                        if p.tier == "dram"), 0.0)
+             for b in plan.blocks]
+    wt = predicted_totals(worst)
+    assert not compare(res.counts["due"], res.trials, wt["due"], wt["due_var"],
+                       len(preds))["observed_in_predicted_range"]

@@ -2,7 +2,9 @@
 
 :func:`run_planned_campaign` takes an engine whose tier is wrapped in a
 :class:`~rkv.tiers.faulty.FaultyTier`, one stored prefix (its records written by the
-engine as its placement plan said), and a fault model. Every trial restores the clean
+engine as its placement plan said), and a fault model; for a store whose chunks live in
+several tiers (placement's ``place_tiers``), one FaultyTier and one model per tier, each
+block drawing from the model of the tier the index says it is in. Every trial restores the clean
 records, draws a pattern for every record from the model (seeded; persistent patterns are
 applied to the stored record, transient ones to its next read, as
 :mod:`rkv.eval.faults.bench` does), reads the prefix back through :meth:`Engine.get` and
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,23 +136,47 @@ class CampaignResult:
     reads: int                         # Engine.get calls (more than trials after DUEs)
 
 
-def run_planned_campaign(engine: Any, tier: FaultyTier, tokens: Sequence[int], spec: Any,
-                         model: Any, hours: float, trials: int, seed: int = 0,
-                         chunk_tokens: int = 256) -> CampaignResult:
-    """Inject ``model``'s faults over ``hours`` into every record of the stored prefix
-    ``tokens`` (already put through ``engine``, whose tier ``tier`` wraps), ``trials``
-    times, and classify every block (see the module docstring)."""
+def run_planned_campaign(engine: Any, tier: FaultyTier | Mapping[str, FaultyTier],
+                         tokens: Sequence[int], spec: Any, model: Any, hours: float,
+                         trials: int, seed: int = 0, chunk_tokens: int = 256
+                         ) -> CampaignResult:
+    """Inject faults over ``hours`` into every record of the stored prefix ``tokens``
+    (already put through ``engine``, whose tier ``tier`` wraps), ``trials`` times, and
+    classify every block (see the module docstring). ``tier`` and ``model`` may be mappings
+    by tier name (a mixed-tier store): each block is injected in the tier holding it, with
+    that tier's model."""
     toks = as_token_array(list(tokens))
     keys = chunk_keys(toks, spec.fingerprint(), chunk_tokens)
     n_layers = spec.n_layers
     bkeys = {(c, layer): block_key(k, layer) for c, k in enumerate(keys)
              for layer in range(n_layers)}
+    tiers = dict(tier) if isinstance(tier, Mapping) else {tier.name: tier}
+    models = dict(model) if isinstance(model, Mapping) else {n: model for n in tiers}
+    where: dict[tuple[int, int], str] = {}
+    with engine.core.index.env.read() as txn:
+        for c, k in enumerate(keys):
+            meta = engine.core.index.get_chunk(txn, k)
+            if meta is None:
+                raise KeyError(f"chunk {c} of the prefix is not stored")
+            for layer in range(n_layers):
+                where[c, layer] = meta.blocks[layer][0]
+    missing = sorted(set(where.values()) - set(tiers))
+    if missing:
+        raise KeyError(f"blocks of the prefix are in tier(s) {missing}, which are not wrapped")
     clean: dict[tuple[int, int], bytes] = {}
     for pos, k in bkeys.items():
-        rec = tier.inner.get(k)
+        rec = tiers[where[pos]].inner.get(k)
         if rec is None:
-            raise KeyError(f"block {pos} of the prefix is not stored in tier {tier.name}")
+            raise KeyError(f"block {pos} of the prefix is not stored in tier {where[pos]}")
         clean[pos] = bytes(rec)
+
+    def restore(positions: Sequence[tuple[int, int]]) -> None:
+        for name, t in tiers.items():
+            items = [(bkeys[p], np.frombuffer(clean[p], np.uint8)) for p in positions
+                     if where[p] == name]
+            if items:
+                t.put_many(items)
+
     ref = engine.get(list(tokens), model=spec)
     if ref.n_tokens != len(toks):
         raise RuntimeError("the prefix does not read back clean before injection")
@@ -165,18 +191,19 @@ def run_planned_campaign(engine: Any, tier: FaultyTier, tokens: Sequence[int], s
     rng = np.random.default_rng(seed)
     symbols = reads = 0
     for _ in range(trials):
-        tier.rng = np.random.default_rng(rng.integers(1 << 63))
-        tier.put_many([(bkeys[p], np.frombuffer(clean[p], np.uint8)) for p in bkeys])
+        for t in tiers.values():
+            t.rng = np.random.default_rng(rng.integers(1 << 63))
+        restore(list(bkeys))
         faulty: dict[tuple[int, int], bool] = {}
         for pos, k in bkeys.items():
-            pattern = model.sample(len(clean[pos]), hours, rng)
+            pattern = models[where[pos]].sample(len(clean[pos]), hours, rng)
             faulty[pos] = not pattern.is_empty
             if pattern.is_empty:
                 continue
             if pattern.transient:
-                tier.inject_transient(k, pattern)
+                tiers[where[pos]].inject_transient(k, pattern)
             else:
-                tier.inject(k, pattern)
+                tiers[where[pos]].inject(k, pattern)
         start = 0
         while start < len(keys):
             buf.fill(0)
@@ -204,8 +231,7 @@ def run_planned_campaign(engine: Any, tier: FaultyTier, tokens: Sequence[int], s
             if failed is None:
                 break
             # Heal every chunk read so far and read again for the chunks after the failure.
-            tier.put_many([(bkeys[(c, layer)], np.frombuffer(clean[(c, layer)], np.uint8))
-                           for c in range(failed + 1) for layer in range(n_layers)])
+            restore([(c, layer) for c in range(failed + 1) for layer in range(n_layers)])
             start = failed + 1
     return CampaignResult(trials, len(bkeys), {o: counts[o] for o in OUTCOMES}, per_block,
                           symbols, reads)
