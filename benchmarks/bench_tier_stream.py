@@ -116,6 +116,19 @@ def layer_us(model: Any, pc: Any, ids: list[int], prefix: int, repeat: int) -> f
     return 1e6 * statistics.median(times) / model.config.num_hidden_layers
 
 
+def mean_p_due(e: Engine, pc: Any, tokens: list[int]) -> float:
+    """Mean predicted P(DUE) per block over the planner's residency (24 h) of the put of
+    ``tokens``, as the store's placement plans it (its tiers, its targets)."""
+    ep = e.core.placement
+    assert ep is not None
+    n = e.config.chunk_tokens
+    chunks = [min(n, len(tokens) - s) for s in range(0, len(tokens), n)]
+    names = list(e.core.tiers) if ep.cfg.place_tiers else [next(iter(e.core.tiers))]
+    plan = ep.planner(pc.spec).plan(ep.blocks(pc.spec, chunks, len(chunks), None),
+                                    [ep.tier_input(t) for t in names])
+    return float(statistics.fmean(b.p_due for b in plan.blocks))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prefix", type=int, default=2048)
@@ -162,7 +175,8 @@ def main() -> int:
                 pc.store = False
                 caches[name] = (pc, emulate(e))
                 st = e.stats()
-                res[name] = {"tier_bytes": {t: st["tiers"][t]["bytes"] for t in st["tiers"]},
+                res[name] = {"p_due_per_block_day": mean_p_due(e, pc, first),
+                             "tier_bytes": {t: st["tiers"][t]["bytes"] for t in st["tiers"]},
                              "tier_blocks": {t: st["tiers"][t]["blocks"]
                                              for t in st["tiers"]},
                              "planned_stall_us": e.core.placement.timing.get("last_stall_us")

@@ -47,14 +47,7 @@ from rkv.placement.options import (
 )
 from rkv.placement.plan import Plan, PlannedBlock
 from rkv.placement.solver import NoFeasibleChoice, Problem, Solution, solve_exact, solve_fast
-from rkv.placement.stall import (
-    lateness,
-    layer_rank,
-    queued,
-    stall_ranked,
-    stall_us,
-    stream_order,
-)
+from rkv.placement.streamed import search as streamed_search
 from rkv.profiles import QualityProfile, as_profile
 from rkv.quant.widths import width_text
 
@@ -69,7 +62,6 @@ _STATIC = attrgetter("tokens", "kind", "kv_heads", "head_dim", "dtype", "residen
                      "layer")
 _TABLES = 32     # put shapes kept per planner
 _RECHECK = 0.01  # a warm-started plan further than this from its bound is checked cold
-_STALL_ROUNDS = 6   # re-plans of the streaming surrogate (each: one solve, one timeline)
 
 
 @dataclass(frozen=True)
@@ -152,154 +144,16 @@ class Planner:
     def _streamed(self, built: _Built, blocks: Sequence[BlockInput],
                   tiers: Sequence[TierInput], t0: float) -> Plan:
         """The plan whose read cost is the stall under layer streaming
-        (:mod:`rkv.placement.stall`): each round prices every option by how late the block
-        would arrive behind the blocks the previous round queued in that tier, solves, and
-        measures the real stall of the result; the plan with the least real cost (expected
-        DUE recompute and capacity, plus the mean reuse x the stall) is kept."""
-        p, table = built.problem, built.table
-        c = float(self.config.layer_compute_us or 0.0)
-        n, nt = len(blocks), len(tiers)
-        # One reader (rkv's LayerStream): every tier's reads wait in one queue.
-        qt = nt if self.config.parallel_reads else 1
-        layer = np.fromiter((b.layer for b in blocks), np.int64, n)
-        chunk = np.fromiter(map(_CHUNK, blocks), np.int64, n)
-        order = stream_order(layer, chunk)
-        slack: F64 = np.asarray(layer_rank(layer) * c, np.float64)
-        held: F64 = table.held_cost(built.recompute)
-        reuse, rows = built.reuse, np.arange(n)
-        mean_reuse = float(reuse.mean())
-        queue = np.zeros((n, qt))
-        best: tuple[float, Solution, Problem, float] | None = None
-        for _ in range(_STALL_ROUNDS):
-            late: F64 = lateness(table.read_us, self._queue_tier(table.tier), queue, slack)
-            prob = replace(p, cost=np.asarray(held + reuse[:, None] * late, np.float64))
-            try:
-                sol = solve_fast(prob, hint=None if best is None else best[1].choice)
-            except NoFeasibleChoice as exc:
-                raise self._infeasible(exc, built, blocks) from None
-            read = table.read_us[rows, sol.choice]
-            tier = self._queue_tier(table.tier[rows, sol.choice])
-            stall = stall_us(layer, chunk, tier, read, qt, c)
-            real = float(held[rows, sol.choice].sum()) + mean_reuse * stall
-            if best is None or real < best[0]:
-                best = (real, sol, prob, stall)
-            nxt = queued(order, tier, read, qt)
-            if np.array_equal(nxt, queue):
-                break
-            queue = nxt
-        assert best is not None
-        real, sol, prob, stall = best
-        choice = sol.choice
-        # The same widths and codes all in one tier are candidates too, so the plan is
-        # never worse than keeping the whole put in any single tier that can hold it.
-        same = self._same_option(table)
-        for t in range(nt):
-            one = self._in_tier(table, same, choice, t, p.capacity)
-            if one is None:
-                continue
-            st = stall_us(layer, chunk, self._queue_tier(table.tier[rows, one]),
-                          table.read_us[rows, one], qt, c)
-            cost = float(held[rows, one].sum()) + mean_reuse * st
-            if cost < real:
-                choice, real, stall = one, cost, st
-        choice, real, stall = self._tier_moves(built, choice, held, layer, chunk,
-                                               mean_reuse, c, real, stall)
-        sol = replace(sol, choice=choice, usage=prob.usage(choice))
-        # Stalls are never negative, so the plan without read costs bounds the real one.
-        bound = solve_fast(replace(p, cost=held)).lower_bound
-        sol = replace(sol, cost=real, lower_bound=min(bound, real), method="stream")
+        (:func:`rkv.placement.streamed.search`)."""
+        try:
+            sol, prob, stall = streamed_search(
+                built.table, built.problem, built.reuse, built.recompute, blocks,
+                float(self.config.layer_compute_us or 0.0), self.config.parallel_reads)
+        except NoFeasibleChoice as exc:
+            raise self._infeasible(exc, built, blocks) from None
         plan = self._plan(sol, replace(built, problem=prob), blocks, tiers, t0)
         plan.extra["stall_us"] = stall
         return plan
-
-    def _tier_moves(self, built: _Built, choice: I64, held: F64, layer: I64, chunk: I64,
-                    mean_reuse: float, c: float, real: float, stall: float
-                    ) -> tuple[I64, float, float]:
-        """Greedy passes, latest blocks in stream order first, that move a block to the same
-        width and code in another tier when that lowers the real cost (the surrogate does
-        not see how much room a slow tier has before the layers that need it); widths and
-        codes stay, so the KL does not change; tier capacity is kept."""
-        table, p = built.table, built.problem
-        n, nt = len(choice), p.n_tiers
-        rows = np.arange(n)
-        same = self._same_option(table)
-        used0 = np.zeros(nt)
-        np.add.at(used0, table.tier[rows, choice], table.nbytes[rows, choice])
-        if (used0 > p.capacity * (1 + 1e-9)).any():
-            return choice, real, stall       # (never: every candidate fits)
-        fwd, rank = stream_order(layer, chunk), layer_rank(layer)
-        order = fwd[::-1]
-        choice = choice.copy()
-        used = np.zeros(nt)
-        np.add.at(used, table.tier[rows, choice], table.nbytes[rows, choice])
-        for _ in range(3):
-            moved = False
-            for i in order.tolist():
-                j = int(choice[i])
-                t_from = int(table.tier[i, j])
-                for k in same[int(table.cls[i])].get(int(table.cols[j]), ()):
-                    col = int(np.searchsorted(table.cols, k))
-                    if col >= len(table.cols) or table.cols[col] != k or \
-                            not table.kept[i, col]:
-                        continue
-                    t_to = int(table.tier[i, col])
-                    if used[t_to] + table.nbytes[i, col] > p.capacity[t_to] * (1 + 1e-9):
-                        continue
-                    trial = choice.copy()
-                    trial[i] = col
-                    qt = nt if self.config.parallel_reads else 1
-                    st = stall_ranked(rank, fwd, self._queue_tier(table.tier[rows, trial]),
-                                      table.read_us[rows, trial], qt, c)
-                    cost = float(held[rows, trial].sum()) + mean_reuse * st
-                    if cost < real * (1 - 1e-12):
-                        used[t_from] -= table.nbytes[i, j]
-                        used[t_to] += table.nbytes[i, col]
-                        choice, real, stall, moved = trial, cost, st, True
-                        j, t_from = col, t_to
-            if not moved:
-                break
-        return choice, real, stall
-
-    def _queue_tier(self, tier: I64) -> I64:
-        """The read queue of each entry: its tier with parallel reads, else the one queue."""
-        return tier if self.config.parallel_reads else np.zeros_like(tier)
-
-    @staticmethod
-    def _in_tier(table: Table, same: list[dict[int, tuple[int, ...]]], choice: I64,
-                 tier: int, capacity: F64) -> I64 | None:
-        """``choice`` with every block moved to the same width and code in ``tier`` (None:
-        some block has no such option offered, or the tier cannot hold them)."""
-        out = choice.copy()
-        for i, j in enumerate(choice.tolist()):
-            if table.tier[i, j] == tier:
-                continue
-            for k in same[int(table.cls[i])].get(int(table.cols[j]), ()):
-                col = int(np.searchsorted(table.cols, k))
-                if col < len(table.cols) and table.cols[col] == k and table.kept[i, col] \
-                        and table.tier[i, col] == tier:
-                    out[i] = col
-                    break
-            else:
-                return None
-        rows = np.arange(len(out))
-        if table.nbytes[rows, out].sum() > capacity[tier] * (1 + 1e-9):
-            return None
-        return out
-
-    @staticmethod
-    def _same_option(table: Table) -> list[dict[int, tuple[int, ...]]]:
-        """Per template: option -> the options with the same width and code in the other
-        tiers."""
-        out = []
-        for t in table.templates:
-            assert t.width is not None
-            groups: dict[tuple[int, int], list[int]] = {}
-            for j, key in enumerate(zip(t.width.tolist(), t.code.tolist(), strict=True)):
-                if t.kept[j]:
-                    groups.setdefault(key, []).append(j)
-            out.append({j: tuple(x for x in g if x != j) for g in groups.values()
-                        for j in g})
-        return out
 
     def plan_exact(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput], *,
                    max_nodes: int = 5_000_000) -> Plan:

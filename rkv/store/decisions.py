@@ -357,19 +357,11 @@ class Decisions:
         made by evicting protected chunks (pinned, being read, or earlier in this put).
         Raises TierFullError when no usable tier could hold it even empty."""
         fits = False
-        for level, name in enumerate(self.order):
-            if not self.usable(name):
-                continue
-            need = size(name)
-            if need > self.caps[name]:
+        for name in self.order:
+            if not self.usable(name) or (need := size(name)) > self.caps[name]:
                 continue
             fits = True
-            if self.ix.live_usage(txn).bytes(name) + need > self.caps[name]:
-                here = Item(item.key, need, name, item.group, item.depth, item.parent,
-                            item.miss_cost)
-                if not self.admission[name].admit(here, now):
-                    continue
-            if self.make_room(txn, level, need, protect, pending, stats):
+            if self._room(txn, item, name, need, protect, pending, stats, now):
                 return name
         if fits:
             return None
@@ -382,24 +374,23 @@ class Decisions:
 
     def place_parts(self, txn: Any, item: Item, needs: dict[str, int], protect: Protected,
                     pending: Pending, stats: Counter[str], now: float) -> bool:
-        """Room for a chunk whose blocks were planned into several tiers (``needs``: bytes
-        per tier, placement's ``place_tiers``): each part is admitted and made room for as
-        a chunk of that size would be in that tier. False when some part cannot be (the
-        caller then places the chunk whole, :meth:`place`); room already made for other
-        parts stays made."""
-        for name in sorted(needs, key=self.order.index):
-            need = needs[name]
-            level = self.order.index(name)
-            if not self.usable(name) or need > self.caps[name]:
+        """Room for a chunk planned into several tiers (``needs``: bytes per tier, with
+        ``place_tiers``), each part as a chunk of its size there. False when some part
+        cannot be (the caller places the chunk whole); room made for others stays made."""
+        return all(self.usable(n) and needs[n] <= self.caps[n] and self._room(
+            txn, item, n, needs[n], protect, pending, stats, now)
+            for n in sorted(needs, key=self.order.index))
+
+    def _room(self, txn: Any, item: Item, name: str, need: int, protect: Protected,
+              pending: Pending, stats: Counter[str], now: float) -> bool:
+        """Whether ``need`` bytes of ``item`` enter tier ``name``: admitted when the tier is
+        full, and room made."""
+        if self.ix.live_usage(txn).bytes(name) + need > self.caps[name]:
+            here = Item(item.key, need, name, item.group, item.depth, item.parent,
+                        item.miss_cost)
+            if not self.admission[name].admit(here, now):
                 return False
-            if self.ix.live_usage(txn).bytes(name) + need > self.caps[name]:
-                here = Item(item.key, need, name, item.group, item.depth, item.parent,
-                            item.miss_cost)
-                if not self.admission[name].admit(here, now):
-                    return False
-            if not self.make_room(txn, level, need, protect, pending, stats):
-                return False
-        return True
+        return self.make_room(txn, self.order.index(name), need, protect, pending, stats)
 
     def inserted(self, key: bytes, meta: ChunkMeta, tier: str, now: float) -> None:
         item = item_for(key, meta, tier)

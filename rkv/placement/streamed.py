@@ -1,0 +1,175 @@
+"""The plan search when the read cost is the stall of a streamed restore.
+
+:mod:`rkv.placement.stall` gives the stall of a placement; it is a maximum over layers, not
+a sum over blocks, so the separable solver (:mod:`rkv.placement.solver`) prices a per-block
+surrogate instead: how late each block would arrive behind what the previous round queued in
+its read queue, against the compute before its layer. :func:`search` re-plans that up to
+:data:`ROUNDS` times, keeping the round whose *real* cost is least (expected DUE recompute
+and capacity, plus the mean reuse x the stall); then tries the same widths and codes with
+every block in any single tier that can hold them (so the plan is never worse than one
+tier), and moves blocks between tiers greedily, latest in stream order first, while the real
+cost falls (the surrogate does not see how much room a slow tier has before the layers
+that need it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+import numpy.typing as npt
+
+from rkv.placement.config import BlockInput
+from rkv.placement.options import Table
+from rkv.placement.solver import Problem, Solution, solve_fast
+from rkv.placement.stall import (
+    lateness,
+    layer_rank,
+    queued,
+    stall_ranked,
+    stall_us,
+    stream_order,
+)
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+ROUNDS = 6    # re-plans of the surrogate (each: one solve, one timeline)
+PASSES = 3    # greedy passes of tier moves
+
+
+def search(table: Table, p: Problem, reuse: F64, recompute: F64,
+           blocks: Sequence[BlockInput], layer_us: float, parallel: bool
+           ) -> tuple[Solution, Problem, float]:
+    """(solution, the problem it was solved as, its stall in microseconds) for a put whose
+    option table is ``table`` and problem ``p`` (raises
+    :class:`~rkv.placement.solver.NoFeasibleChoice` like the solver). ``parallel``: a
+    reader per tier (else one queue for all)."""
+    n, nt = len(blocks), p.n_tiers
+    qt = nt if parallel else 1
+    layer = np.fromiter((b.layer for b in blocks), np.int64, n)
+    chunk = np.fromiter((b.chunk for b in blocks), np.int64, n)
+    order = stream_order(layer, chunk)
+    slack: F64 = np.asarray(layer_rank(layer) * layer_us, np.float64)
+    held: F64 = table.held_cost(recompute)
+    rows = np.arange(n)
+    mean_reuse = float(reuse.mean())
+
+    def queue_of(tier: I64) -> I64:
+        return tier if parallel else np.zeros_like(tier)
+
+    def real(choice: I64) -> tuple[float, float]:
+        st = stall_us(layer, chunk, queue_of(table.tier[rows, choice]),
+                      table.read_us[rows, choice], qt, layer_us)
+        return float(held[rows, choice].sum()) + mean_reuse * st, st
+
+    queue = np.zeros((n, qt))
+    best: tuple[float, Solution, Problem, float] | None = None
+    for _ in range(ROUNDS):
+        late: F64 = lateness(table.read_us, queue_of(table.tier), queue, slack)
+        prob = replace(p, cost=np.asarray(held + reuse[:, None] * late, np.float64))
+        sol = solve_fast(prob, hint=None if best is None else best[1].choice)
+        cost, stall = real(sol.choice)
+        if best is None or cost < best[0]:
+            best = (cost, sol, prob, stall)
+        nxt = queued(order, queue_of(table.tier[rows, sol.choice]),
+                     table.read_us[rows, sol.choice], qt)
+        if np.array_equal(nxt, queue):
+            break
+        queue = nxt
+    assert best is not None
+    cost, sol, prob, stall = best
+    choice = sol.choice
+    same = same_option(table)
+    for t in range(nt):
+        one = in_tier(table, same, choice, t, p.capacity)
+        if one is not None and (c := real(one))[0] < cost:
+            choice, (cost, stall) = one, c
+    choice, cost, stall = tier_moves(table, p, same, choice, cost, stall, held, layer, chunk,
+                                     mean_reuse, layer_us, qt, queue_of)
+    # Stalls are never negative, so the plan without read costs bounds the real one.
+    bound = solve_fast(replace(p, cost=held)).lower_bound
+    sol = replace(sol, choice=choice, usage=prob.usage(choice), cost=cost,
+                  lower_bound=min(bound, cost), method="stream")
+    return sol, prob, stall
+
+
+def tier_moves(table: Table, p: Problem, same: list[dict[int, tuple[int, ...]]],
+               choice: I64, cost: float, stall: float, held: F64, layer: I64, chunk: I64,
+               mean_reuse: float, layer_us: float, qt: int,
+               queue_of: Callable[[I64], I64]) -> tuple[I64, float, float]:
+    """Greedy passes, latest blocks in stream order first, moving a block to the same width
+    and code in another tier while that lowers the real cost; the KL does not change (same
+    widths) and every tier's capacity is kept."""
+    n, nt = len(choice), p.n_tiers
+    rows = np.arange(n)
+    fwd, rank = stream_order(layer, chunk), layer_rank(layer)
+    choice = choice.copy()
+    used = np.zeros(nt)
+    np.add.at(used, table.tier[rows, choice], table.nbytes[rows, choice])
+    for _ in range(PASSES):
+        moved = False
+        for i in fwd[::-1].tolist():
+            j = int(choice[i])
+            t_from = int(table.tier[i, j])
+            for col in _columns(table, same, i, j):
+                t_to = int(table.tier[i, col])
+                if used[t_to] + table.nbytes[i, col] > p.capacity[t_to] * (1 + 1e-9):
+                    continue
+                trial = choice.copy()
+                trial[i] = col
+                st = stall_ranked(rank, fwd, queue_of(table.tier[rows, trial]),
+                                  table.read_us[rows, trial], qt, layer_us)
+                c = float(held[rows, trial].sum()) + mean_reuse * st
+                if c < cost * (1 - 1e-12):
+                    used[t_from] -= table.nbytes[i, j]
+                    used[t_to] += table.nbytes[i, col]
+                    choice, cost, stall, moved = trial, c, st, True
+                    j, t_from = col, t_to
+        if not moved:
+            break
+    return choice, cost, stall
+
+
+def _columns(table: Table, same: list[dict[int, tuple[int, ...]]], i: int, j: int
+             ) -> list[int]:
+    """Block ``i``'s offered table columns with the same width and code as column ``j`` in
+    the other tiers."""
+    out = []
+    for k in same[int(table.cls[i])].get(int(table.cols[j]), ()):
+        col = int(np.searchsorted(table.cols, k))
+        if col < len(table.cols) and table.cols[col] == k and table.kept[i, col]:
+            out.append(col)
+    return out
+
+
+def in_tier(table: Table, same: list[dict[int, tuple[int, ...]]], choice: I64, tier: int,
+            capacity: F64) -> I64 | None:
+    """``choice`` with every block moved to the same width and code in ``tier`` (None: some
+    block has no such option offered, or the tier cannot hold them)."""
+    out = choice.copy()
+    for i, j in enumerate(choice.tolist()):
+        if table.tier[i, j] == tier:
+            continue
+        cols = [c for c in _columns(table, same, i, j) if table.tier[i, c] == tier]
+        if not cols:
+            return None
+        out[i] = cols[0]
+    rows = np.arange(len(out))
+    if table.nbytes[rows, out].sum() > capacity[tier] * (1 + 1e-9):
+        return None
+    return out
+
+
+def same_option(table: Table) -> list[dict[int, tuple[int, ...]]]:
+    """Per template: option -> the options with the same width and code in the other
+    tiers."""
+    out = []
+    for t in table.templates:
+        assert t.width is not None
+        groups: dict[tuple[int, int], list[int]] = {}
+        for j, key in enumerate(zip(t.width.tolist(), t.code.tolist(), strict=True)):
+            if t.kept[j]:
+                groups.setdefault(key, []).append(j)
+        out.append({j: tuple(x for x in g if x != j) for g in groups.values() for j in g})
+    return out
