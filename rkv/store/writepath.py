@@ -73,16 +73,19 @@ class Planned:
         if self._mixed is None:
             spec = self._plan.spec
             tokens = [e - s for s, e in self._plan.bounds]
-            usable = [t for t in core.decisions.order if core.decisions.usable(t)]
+            # A shared tier holds whole chunks other stores adopt: not a place for parts.
+            usable = [t for t in core.decisions.order if core.decisions.usable(t)
+                      and not core.tiers[t].shared]
             self._mixed = []
-            for c, chunk_plan in enumerate(pl.tiered_plan(spec, tokens, len(tokens), usable,
-                                                          self._plan.placement)):
+            plans = pl.tiered_plan(spec, tokens, len(tokens), usable,
+                                   self._plan.placement) if usable else []
+            for c, chunk_plan in enumerate(plans):
                 shape = spec.block_shape(tokens[c])
                 tiers = [t for t, _ in chunk_plan]
                 pipes = [p.for_block(shape, spec.dtype) for _, p in chunk_plan]
                 sizes = [p.record_bytes(shape, spec.dtype) for p in pipes]
                 self._mixed.append((tiers, pipes, sizes))
-        return self._mixed[chunk]
+        return self._mixed[chunk] if self._mixed else None
 
     def pipes(self, tier: str, chunk: int) -> list[Pipeline]:
         key = (tier, chunk)
