@@ -11,7 +11,8 @@ widths both ways: 8 widths), all six pairs (10 widths), and ``place_tiers`` with
 ``layer_compute_us`` over the default tiers (DRAM, CXL, NVMe: 3 tiers x 8 widths x codes,
 the streamed-stall search). ``predict`` is warmed first (``--workers`` processes).
 
-    .venv/bin/python benchmarks/bench_plan_time.py --json benchmarks/results/plan_time.json
+    .venv/bin/python benchmarks/bench_plan_time.py --predict-cache /tmp/rkv-predict.json \
+        --json benchmarks/results/plan_time.json
 """
 
 from __future__ import annotations
@@ -57,8 +58,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--predict-cache", type=Path, default=None,
+                    help="keep predict() answers in this JSON file between runs")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    from rkv.placement.options import DEFAULT_CACHE
+
+    if args.predict_cache is not None and args.predict_cache.exists():
+        DEFAULT_CACHE.add(json.loads(args.predict_cache.read_text()))
     spec = model()
     n = CHUNKS * CHUNK_TOKENS
     kv = np.random.default_rng(0).standard_normal((LAYERS, 2, n, HEADS, DIM)).astype(
@@ -80,6 +87,8 @@ def main() -> int:
                                   [ep.tier_input(t) for t in names], workers=args.workers)
             engines[name] = e
         out["predict_warm_s"] = time.perf_counter() - t0
+        if args.predict_cache is not None:
+            args.predict_cache.write_text(json.dumps(DEFAULT_CACHE.entries()))
         res: dict[str, dict[str, list[float]]] = {k: {"put": [], "plan": []} for k in CASES}
         first: dict[str, Any] = {}
         try:

@@ -325,6 +325,7 @@ class Table:
     hint: I64 | None = None
     last: tuple[Any, Any, F64] | None = None     # the last put's (inputs, problem, recompute)
     checked: bool = False                        # a warm plan was checked against a cold one
+    streamed: Any = None                         # the streamed search's per-table caches
 
     def cost(self, reuse: F64, recompute: F64) -> F64:
         """Expected cost of every (block, column); ``inf`` where not offered."""

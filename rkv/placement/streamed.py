@@ -34,7 +34,8 @@ from rkv.placement.stall import (
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
-ROUNDS = 6    # re-plans of the surrogate (each: one solve, one timeline)
+ROUNDS = 4    # re-plans of the surrogate (each: one solve, one timeline)
+WARM_ROUNDS = 1   # when the last plan of this put shape seeds the queue
 PASSES = 3    # greedy passes of tier moves
 
 
@@ -63,9 +64,20 @@ def search(table: Table, p: Problem, reuse: F64, recompute: F64,
                       table.read_us[rows, choice], qt, layer_us)
         return float(held[rows, choice].sum()) + mean_reuse * st, st
 
-    queue = np.zeros((n, qt))
+    alts = table.streamed if isinstance(table.streamed, Alternatives) else None
+    if alts is None:
+        alts = table.streamed = Alternatives(table)
+    warm = table.hint is not None and len(table.hint) == n
+    queue = (queued(order, queue_of(table.tier[rows, table.hint]),
+                    table.read_us[rows, table.hint], qt) if warm and table.hint is not None
+             else np.zeros((n, qt)))
     best: tuple[float, Solution, Problem, float] | None = None
-    for _ in range(ROUNDS):
+    if warm and table.hint is not None:
+        # The same put shape was planned before: its plan is a candidate as it is.
+        c0, s0 = real(table.hint)
+        if np.isfinite(c0):
+            best = (c0, Solution(table.hint.copy(), c0, p.usage(table.hint)), p, s0)
+    for _ in range(WARM_ROUNDS if warm else ROUNDS):
         late: F64 = lateness(table.read_us, queue_of(table.tier), queue, slack)
         prob = replace(p, cost=np.asarray(held + reuse[:, None] * late, np.float64))
         sol = solve_fast(prob, hint=None if best is None else best[1].choice)
@@ -80,21 +92,26 @@ def search(table: Table, p: Problem, reuse: F64, recompute: F64,
     assert best is not None
     cost, sol, prob, stall = best
     choice = sol.choice
-    same = same_option(table)
     for t in range(nt):
-        one = in_tier(table, same, choice, t, p.capacity)
+        one = in_tier(table, alts, choice, t, p.capacity)
         if one is not None and (c := real(one))[0] < cost:
             choice, (cost, stall) = one, c
-    choice, cost, stall = tier_moves(table, p, same, choice, cost, stall, held, layer, chunk,
-                                     mean_reuse, layer_us, qt, queue_of)
-    # Stalls are never negative, so the plan without read costs bounds the real one.
-    bound = solve_fast(replace(p, cost=held)).lower_bound
+    if parallel:
+        choice, cost, stall = tier_moves(table, p, alts, choice, cost, stall, held, layer,
+                                         chunk, mean_reuse, layer_us, qt, queue_of)
+    else:
+        choice, cost, stall = one_queue_moves(table, p, alts, choice, held, layer, chunk,
+                                              mean_reuse, layer_us)
+    table.hint = choice
+    # Stalls are never negative, so every block's least cost without its read term (KL and
+    # capacity ignored) bounds the real cost from below: weak, but valid and cheap.
+    bound = float(np.min(held, axis=1).sum())
     sol = replace(sol, choice=choice, usage=prob.usage(choice), cost=cost,
                   lower_bound=min(bound, cost), method="stream")
     return sol, prob, stall
 
 
-def tier_moves(table: Table, p: Problem, same: list[dict[int, tuple[int, ...]]],
+def tier_moves(table: Table, p: Problem, alts: Alternatives,
                choice: I64, cost: float, stall: float, held: F64, layer: I64, chunk: I64,
                mean_reuse: float, layer_us: float, qt: int,
                queue_of: Callable[[I64], I64]) -> tuple[I64, float, float]:
@@ -112,7 +129,7 @@ def tier_moves(table: Table, p: Problem, same: list[dict[int, tuple[int, ...]]],
         for i in fwd[::-1].tolist():
             j = int(choice[i])
             t_from = int(table.tier[i, j])
-            for col in _columns(table, same, i, j):
+            for col in alts(i, j):
                 t_to = int(table.tier[i, col])
                 if used[t_to] + table.nbytes[i, col] > p.capacity[t_to] * (1 + 1e-9):
                     continue
@@ -131,19 +148,85 @@ def tier_moves(table: Table, p: Problem, same: list[dict[int, tuple[int, ...]]],
     return choice, cost, stall
 
 
-def _columns(table: Table, same: list[dict[int, tuple[int, ...]]], i: int, j: int
-             ) -> list[int]:
-    """Block ``i``'s offered table columns with the same width and code as column ``j`` in
-    the other tiers."""
-    out = []
-    for k in same[int(table.cls[i])].get(int(table.cols[j]), ()):
-        col = int(np.searchsorted(table.cols, k))
-        if col < len(table.cols) and table.cols[col] == k and table.kept[i, col]:
-            out.append(col)
-    return out
+def one_queue_moves(table: Table, p: Problem, alts: Alternatives,
+                    choice: I64, held: F64, layer: I64, chunk: I64, mean_reuse: float,
+                    layer_us: float) -> tuple[I64, float, float]:
+    """:func:`tier_moves` for one reader, in O(1) per candidate move: with one queue the
+    read of layer ``l`` ends at ``F_l``, the sum of all reads up to the end of that layer,
+    and the stall is ``max(0, max_l (F_l - l x layer_us))``; moving a block of layer ``L``
+    shifts every ``F_l`` with ``l >= L`` by the change of its read time. A sweep from the
+    last layer down keeps the maximum over the layers above (already shifted) and the
+    maximum over the layers below (not shifted by moves above them)."""
+    n, nt = len(choice), p.n_tiers
+    rows = np.arange(n)
+    rank = layer_rank(layer)
+    n_layers = int(rank.max()) + 1
+    by_layer = [np.flatnonzero(rank == lay) for lay in range(n_layers)]
+    choice = choice.copy()
+    used = np.zeros(nt)
+    np.add.at(used, table.tier[rows, choice], table.nbytes[rows, choice])
+    cost = float(held[rows, choice].sum())
+    ticks = layer_us * np.arange(n_layers)
+    for _ in range(PASSES):
+        per = np.zeros(n_layers)
+        np.add.at(per, rank, table.read_us[rows, choice])
+        late = np.cumsum(per) - ticks                      # F_l - l x layer_us
+        below = np.concatenate(([-np.inf], np.maximum.accumulate(late)[:-1]))
+        moved = False
+        above = -np.inf            # max over the layers above the current one, as shifted
+        for lay in range(n_layers - 1, -1, -1):
+            v = late[lay]
+            for i in by_layer[lay][::-1].tolist():
+                j = int(choice[i])
+                now = max(0.0, below[lay], max(above, v))
+                for col in alts(i, j):
+                    t_to = int(table.tier[i, col])
+                    if used[t_to] + table.nbytes[i, col] > p.capacity[t_to] * (1 + 1e-9):
+                        continue
+                    d = float(table.read_us[i, col] - table.read_us[i, j])
+                    new = max(0.0, below[lay], max(above, v) + d)
+                    gain = float(held[i, col] - held[i, j]) + mean_reuse * (new - now)
+                    if gain < -1e-12 * max(1.0, cost):
+                        used[int(table.tier[i, j])] -= table.nbytes[i, j]
+                        used[t_to] += table.nbytes[i, col]
+                        cost += float(held[i, col] - held[i, j])
+                        choice[i], j, moved = col, col, True
+                        v, above = v + d, above + d
+                        now = new
+            above = max(above, v)
+        if not moved:
+            break
+    per = np.zeros(n_layers)
+    np.add.at(per, rank, table.read_us[rows, choice])
+    stall = float(max(0.0, (np.cumsum(per) - ticks).max()))
+    return choice, cost + mean_reuse * stall, stall
 
 
-def in_tier(table: Table, same: list[dict[int, tuple[int, ...]]], choice: I64, tier: int,
+class Alternatives:
+    """``alts(i, j)``: block ``i``'s offered table columns with the same width and code as
+    column ``j`` in the other tiers (built once per option table, kept on it)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.same = same_option(table)
+        self._memo: dict[tuple[int, int], list[int]] = {}
+
+    def __call__(self, i: int, j: int) -> list[int]:
+        t = self.table
+        key = (int(t.cls[i]), j)
+        cols = self._memo.get(key)
+        if cols is None:
+            cols = []
+            for k in self.same[key[0]].get(int(t.cols[j]), ()):
+                col = int(np.searchsorted(t.cols, k))
+                if col < len(t.cols) and t.cols[col] == k:
+                    cols.append(col)
+            self._memo[key] = cols
+        kept = t.kept[i]
+        return [c for c in cols if kept[c]]
+
+
+def in_tier(table: Table, alts: Alternatives, choice: I64, tier: int,
             capacity: F64) -> I64 | None:
     """``choice`` with every block moved to the same width and code in ``tier`` (None: some
     block has no such option offered, or the tier cannot hold them)."""
@@ -151,7 +234,7 @@ def in_tier(table: Table, same: list[dict[int, tuple[int, ...]]], choice: I64, t
     for i, j in enumerate(choice.tolist()):
         if table.tier[i, j] == tier:
             continue
-        cols = [c for c in _columns(table, same, i, j) if table.tier[i, c] == tier]
+        cols = [c for c in alts(i, j) if table.tier[i, c] == tier]
         if not cols:
             return None
         out[i] = cols[0]

@@ -260,3 +260,30 @@ def test_campaign_on_a_mixed_tier_store_agrees_with_the_prediction(tmp_path: Pat
     wt = predicted_totals(worst)
     assert not compare(res.counts["due"], res.trials, wt["due"], wt["due_var"],
                        len(preds))["observed_in_predicted_range"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(layer_us=st.floats(0.0, 2000.0), n_layers=st.integers(1, 10),
+       chunks=st.integers(1, 4), parallel=st.booleans(), dram_cost=st.floats(0.0, 1e5))
+def test_reported_stall_is_the_plans_own(layer_us: float, n_layers: int, chunks: int,
+                                         parallel: bool, dram_cost: float) -> None:
+    """The stall a plan reports is the stall model applied to the blocks it chose (read
+    time from each block's record bytes and its tier's speed), one queue or one per tier;
+    the cost is its DUE, capacity and stall terms."""
+    bl = blocks(n_layers, chunks)
+    c = cfg(layer_us, parallel_reads=parallel, capacity_cost={"dram": dram_cost,
+                                                               "nvme": 30.0})
+    plan = Planner(c).plan(bl, [DRAM, NVME])
+    speed = {"dram": DRAM, "nvme": NVME}
+    read = np.array([speed[b.tier].latency_us + b.record_bytes / (speed[b.tier].read_gbps
+                                                                  * 1e3)
+                     for b in plan.blocks])
+    tier = np.array([0 if b.tier == "dram" or not parallel else 1 for b in plan.blocks])
+    want = stall_us(np.array([b.layer for b in bl]), np.array([b.chunk for b in bl]), tier,
+                    read, 2 if parallel else 1, layer_us)
+    assert plan.extra["stall_us"] == pytest.approx(want, rel=1e-9, abs=1e-9)
+    # A DUE at chunk p recomputes chunks p .. n-1 at the default 100 us per token.
+    held = sum(b.p_due * 100.0 * 256 * (chunks - b.chunk) for b in plan.blocks)
+    cap = sum({"dram": dram_cost, "nvme": 30.0}[b.tier] * b.record_bytes / (1 << 30)
+              for b in plan.blocks)
+    assert plan.total_cost_us == pytest.approx(held + cap + want, rel=1e-9, abs=1e-9)
