@@ -60,4 +60,5 @@ def within_ranges(decoded: npt.NDArray[Any], block: npt.NDArray[Any], group: int
     tol = levels * np.spacing(scale.astype(dt)).astype(np.float64) + \
         np.spacing(top).astype(np.float64)
     y = np.asarray(decoded).astype(np.float64)
-    return (y >= lo) & (y <= hi + tol)
+    ok: npt.NDArray[np.bool_] = (y >= lo) & (y <= hi + tol)
+    return ok
