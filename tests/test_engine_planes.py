@@ -13,7 +13,7 @@ from rkvtest import local_config, random_kv
 
 from rkv import ConfigError, Engine, EngineConfig, ModelSpec
 from rkv.codec.stages import header_codec
-from rkv.ecc import PlanesCodec
+from rkv.ecc import PlanesCodec, QuantPlanesCodec
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.record import decode_record
 
@@ -112,10 +112,12 @@ def test_high_plane_damage_is_corrected_and_repaired(store_path: Path) -> None:
         assert e.get(t, model=spec).counts["ok"] == 2     # repaired
 
 
-def test_planes_after_a_quantizer_is_a_config_error() -> None:
+def test_planes_after_a_quantizer_without_codes_is_a_config_error() -> None:
+    """rowq has no tolerant codes region to tell from its metadata (KIVI does:
+    tests/test_engine_qplanes.py)."""
     cfg = planes_config(TOLERANT)
-    with pytest.raises(ConfigError, match="cannot follow the quantizer"):
-        replace(cfg.tiers[0], quant="kivi(bits=4)")
+    with pytest.raises(ConfigError, match="no codes to tell apart"):
+        replace(cfg.tiers[0], quant="rowq(bits=4)")
 
 
 def test_demotion_moves_a_degraded_record_as_it_is(store_path: Path) -> None:
@@ -146,10 +148,11 @@ def test_demotion_moves_a_degraded_record_as_it_is(store_path: Path) -> None:
         assert got.n_tokens == 16 and got.counts["degraded"] == 1
 
 
-def test_a_quantized_block_demoted_into_planes_gets_their_strict_code(store_path: Path
-                                                                       ) -> None:
+def test_a_quantized_block_demoted_into_planes_gets_quantized_planes(store_path: Path
+                                                                      ) -> None:
     """Byte planes lay out values, not KIVI codes: a 4-bit block moving to a planes tier is
-    re-encoded with the planes' high-plane code over all of its data, and reads back."""
+    re-encoded with the high code over its metadata and the low code over its packed codes
+    (``qplanes``), and reads back."""
     spec = spec_for("float16")
     base = local_config(16)
     tiers = (replace(base.tiers[0], quant="kivi(bits=4)"), replace(base.tiers[1], ecc=STRICT),
@@ -169,7 +172,9 @@ def test_a_quantized_block_demoted_into_planes_gets_their_strict_code(store_path
         rec = e.tiers["cxl"].get(bkey)
         assert rec is not None
         codec = header_codec(decode_record(rec).header)
-        assert codec == PlanesCodec.from_config(
-            {"id": "planes", "high": "rs(255,223)", "low": "rs(255,247)"}).high
+        planes = PlanesCodec.from_config(
+            {"id": "planes", "high": "rs(255,223)", "low": "rs(255,247)", "tolerant": 0})
+        assert isinstance(codec, QuantPlanesCodec)
+        assert (codec.high, codec.low, codec.tolerant) == (planes.high, planes.low, False)
         got = e.get(t0, model=spec)
         assert got.ok and np.array_equal(np.asarray(got.kv), np.asarray(want))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from rkv.buffers import as_u8
-from rkv.codec.stages import header_stages
+from rkv.codec.stages import block_codec, header_stages
 from rkv.errors import (
     ChecksumError,
     CorruptRecordError,
@@ -29,7 +29,6 @@ from rkv.errors import (
     UncorrectableError,
     UnknownFormatError,
 )
-from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import (
     DecodedRecord,
     RecordHeader,
@@ -55,6 +54,9 @@ def encode_block(header: RecordHeader, data: np.ndarray, codec: Codec | None,
     by ``codec`` or stored raw. The checksum covers the bytes before the ECC."""
     if codec is None and quant is None:
         return encode_array_record(header, data, alloc)
+    if codec is not None and codec.by_value:
+        # An unbound layout (byte planes) fits the block first, as Pipeline.for_block does.
+        codec = block_codec(codec, quant, tuple(header.shape), header.dtype)
     if quant is not None:
         raw = np.frombuffer(quant.encode(np.ascontiguousarray(data)), dtype=np.uint8)
     else:
@@ -184,14 +186,15 @@ def reencode(record: Any, dec: DecodedRecord, codec: Codec | None,
     when nothing else changes). None keeps the record's own time. Raises IntegrityError
     when the block cannot be verified."""
     quant, old = header_stages(dec.header)
+    if codec is not None:
+        # A layout by value fits the block first (a quantized block moving to a tier laid
+        # out in byte planes gets their codes over its metadata and its packed codes), so
+        # that a record already coded that way compares equal and is kept.
+        codec = block_codec(codec, quant, tuple(dec.header.shape), dec.header.dtype)
     data, corrected, degraded = _verified_data(dec, old, erased)
     stamp = dec.header.written_ns if written_ns is None else written_ns
     if degraded or (old == codec and not corrected and not dec.header_repairs and not erased):
         return record if stamp == dec.header.written_ns else restamp(dec, stamp)
-    if codec is not None:
-        # A quantized block moving to a tier laid out in byte planes gets their strict code.
-        codec = codec.for_quantized() if quant is not None else \
-            codec.for_itemsize(np.dtype(numpy_dtype(dec.header.dtype)).itemsize)
     raw = np.frombuffer(bytes(data), dtype=np.uint8)
     return _encode_data(replace(dec.header, checksum=bytes(16), written_ns=stamp), raw, quant,
                         codec)

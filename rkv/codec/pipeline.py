@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rkv.codec.blockcodec import compute_bound, encode_block, reencode
-from rkv.codec.stages import codec_for, header_stages, quantizer_for
+from rkv.codec.stages import block_codec, codec_for, header_stages, quantizer_for
 from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import PRELUDE_BYTES, DecodedRecord, RecordHeader, framing_sizes
 
@@ -41,12 +41,13 @@ class Pipeline:
             object.__setattr__(self, "quant", None)
         if c is not None and c.codec_id == "none":
             object.__setattr__(self, "codec", None)
-        if self.quant is not None and self.codec is not None and \
-                self.codec.parts(1) is not None:
+        if self.quant is not None and self.codec is not None and self.codec.by_value and \
+                self.quant.tolerant_span((2, 1, 1, 1), "float16") is None:
             from rkv.errors import ConfigError
 
             raise ConfigError(f"{self.codec.codec_id} splits the bytes of 16-bit or wider "
-                              f"values; it cannot follow the quantizer {self.quant.spec}")
+                              f"values, or a quantizer's metadata from its codes; "
+                              f"{self.quant.spec} has no codes to tell apart")
 
     @classmethod
     def parse(cls, quant: str = "none", ecc: str = "none") -> Pipeline:
@@ -76,17 +77,17 @@ class Pipeline:
     def for_block(self, shape: tuple[int, ...], dtype: str) -> Pipeline:
         """The pipeline a block of ``shape`` actually gets: without the quantizer when it
         would not shrink the block (a short tail chunk, whose per-group metadata outweighs
-        its values); a code laid out by value (byte planes) set to the dtype's width.
-        Records say which way it went."""
-        if self.quant is None:
-            if self.codec is None:
-                return self
-            codec = self.codec.for_itemsize(numpy_dtype(dtype).itemsize)
-            return self if codec is self.codec else replace(self, codec=codec)
-        raw = int(np.prod(shape)) * numpy_dtype(dtype).itemsize
-        if self.quant.encoded_size(shape, dtype) < raw:
+        its values); a code laid out by value (byte planes) set to the dtype's width, or for
+        a quantized block cut into the quantizer's strict metadata and tolerant codes
+        (:func:`rkv.codec.stages.block_codec`). Records say which way it went."""
+        if self.quant is not None:
+            raw = int(np.prod(shape)) * numpy_dtype(dtype).itemsize
+            if self.quant.encoded_size(shape, dtype) >= raw:
+                return replace(self, quant=None).for_block(shape, dtype)
+        if self.codec is None:
             return self
-        return replace(self, quant=None)
+        codec = block_codec(self.codec, self.quant, tuple(shape), dtype)
+        return self if codec is self.codec else replace(self, codec=codec)
 
     @classmethod
     def of_record(cls, header: RecordHeader) -> Pipeline:

@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from rkv.errors import ConfigError, UnknownFormatError
+from rkv.format.dtypes import numpy_dtype
 from rkv.format.record import RecordHeader
 
 if TYPE_CHECKING:
@@ -79,3 +80,14 @@ def header_stages(header: RecordHeader) -> tuple[Quantizer | None, Codec | None]
 def header_codec(header: RecordHeader) -> Codec | None:
     """The ECC a record was written with (None: raw payload)."""
     return header_stages(header)[1]
+
+
+def block_codec(codec: Codec, quant: Quantizer | None, shape: tuple[int, ...],
+                dtype: str) -> Codec:
+    """The code a block of ``shape`` and ``dtype`` actually gets from ``codec``: a layout
+    by value (byte planes) set to the dtype's width, or for a quantized block bound to the
+    quantizer's strict metadata and tolerant codes (:meth:`rkv.ecc.base.Codec.for_quantized`,
+    :meth:`rkv.quant.base.Quantizer.tolerant_span`). Other codes are returned as they are."""
+    if quant is None:
+        return codec.for_itemsize(numpy_dtype(dtype).itemsize)
+    return codec.for_quantized(quant.tolerant_span(shape, dtype))

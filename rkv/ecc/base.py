@@ -250,10 +250,19 @@ class Codec(Configured, ABC):
         """This code for a block of ``itemsize``-byte values (layouts that follow values)."""
         return self
 
-    def for_quantized(self) -> Codec:
-        """This code for quantized data, which has no values to lay out (byte planes give
-        their strict code over the whole block)."""
+    def for_quantized(self, span: tuple[int, int, int] | None = None) -> Codec:
+        """This code for a quantized block, which has no values to lay out. ``span``:
+        ``(start, end, total)``, the bytes ``[start, end)`` of the quantizer's ``total``
+        that may read back unverified (packed codes; the rest is metadata), or None when
+        it has none. Byte planes put their high code on the metadata and their low code on
+        that span (:mod:`rkv.ecc.qplanes`), or their high code over the whole block."""
         return self
+
+    @property
+    def by_value(self) -> bool:
+        """True for layouts that cut every value of the block (byte planes): they need
+        :meth:`for_itemsize` or :meth:`for_quantized` before they fit a block."""
+        return False
 
     @property
     def compute_bound(self) -> bool:

@@ -19,72 +19,36 @@ reports such a block as ``degraded`` (bounded numeric noise, counted) instead of
 Bytes the medium reported lost are filled with the middle of their range.
 
 ``width`` follows the block's dtype (:meth:`for_itemsize`; the pipeline sets it per block).
-Sub-codes must have an exact inverse size (RS, BCH, checksums, ``none``; not ``shardrs``,
-whose padding makes the split point ambiguous), and planes do not nest.
+A quantized block has no values to cut: :meth:`for_quantized` gives the same two codes over
+the quantizer's strict metadata and tolerant codes (:mod:`rkv.ecc.qplanes`), or the high code
+over the whole block when the quantizer has no tolerant bytes. The shared machinery is
+:mod:`rkv.ecc._twopart` (sub-codes with an exact inverse size; no nesting).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
-import xxhash
 
-from rkv.ecc.base import (
-    CORRECTED,
-    U8,
-    BytesLike,
-    Codec,
-    DecodeResult,
-    Degraded,
-    Part,
-    Units,
-    as_u8,
-    check_keys,
-    clean,
-    int_param,
-    normalize_erasures,
-    uncorrectable,
-)
+from rkv.ecc._twopart import SUM, TwoPartCodec, flag, sub_codec
+from rkv.ecc.base import U8, Codec, check_keys, int_param
+from rkv.ecc.qplanes import QuantPlanesCodec
 from rkv.errors import ConfigError, CorruptRecordError
 
-SUM = 16                       # xxh3_128 per plane
-_SUB_IDS = ("none", "xxh3", "crc32c", "rs", "bch")
+__all__ = ["SUM", "PlanesCodec"]
 
 
-def _flag(cfg: Mapping[str, Any], name: str, default: bool) -> bool:
-    val = cfg.get(name, default)
-    if isinstance(val, bool):
-        return val
-    if isinstance(val, int | np.integer) and int(val) in (0, 1):
-        return bool(val)
-    if isinstance(val, str) and val.strip().lower() in ("true", "false", "yes", "no"):
-        return val.strip().lower() in ("true", "yes")
-    raise ConfigError(f"planes: {name} must be true or false, got {val!r}")
-
-
-def _sub(cfg: Mapping[str, Any], name: str) -> Codec:
-    from rkv.ecc.registry import get_codec
-
-    spec = cfg.get(name, "none")
-    if not isinstance(spec, str | Mapping):
-        raise ConfigError(f"planes: {name} must be a code spec, got {spec!r}")
-    codec = get_codec(spec)
-    if codec.codec_id not in _SUB_IDS:
-        raise ConfigError(f"planes: the {name} plane's code must be one of "
-                          f"{', '.join(_SUB_IDS)}, got {codec.spec}")
-    return codec
-
-
-class PlanesCodec(Codec):
+class PlanesCodec(TwoPartCodec):
     """High and low byte planes of ``width``-byte values, each under its own code."""
 
     codec_id = "planes"
+    part_names: ClassVar[tuple[str, str]] = ("high plane", "low plane")
 
     def __init__(self, high: Codec, low: Codec, *, tolerant: bool = True, width: int = 2,
                  high_bytes: int | None = None) -> None:
-        self._high, self._low, self._tolerant = high, low, bool(tolerant)
+        super().__init__(high, low, tolerant)
         cfg = {"id": "planes", "width": width,
                "high_bytes": width // 2 if high_bytes is None else high_bytes}
         self._w = int_param(cfg, "planes", "width", lo=2, hi=8)
@@ -97,12 +61,8 @@ class PlanesCodec(Codec):
         width = int_param(cfg, "planes", "width", lo=2, hi=8, default=2)
         hb = int_param(cfg, "planes", "high_bytes", lo=1, hi=width - 1,
                        default=max(1, width // 2))
-        return cls(_sub(cfg, "high"), _sub(cfg, "low"), tolerant=_flag(cfg, "tolerant", True),
-                   width=width, high_bytes=hb)
-
-    @property
-    def compute_bound(self) -> bool:
-        return self._high.compute_bound or self._low.compute_bound
+        return cls(sub_codec(cfg, "planes", "high"), sub_codec(cfg, "planes", "low"),
+                   tolerant=flag(cfg, "planes", "tolerant", True), width=width, high_bytes=hb)
 
     def get_config(self) -> dict[str, Any]:
         return {"id": "planes", "high": self._high.get_config(),
@@ -115,16 +75,8 @@ class PlanesCodec(Codec):
                 f"tolerant={int(self._tolerant)},width={self._w},high_bytes={self._hb})")
 
     @property
-    def tolerant(self) -> bool:
-        return self._tolerant
-
-    @property
-    def high(self) -> Codec:
-        return self._high
-
-    @property
-    def low(self) -> Codec:
-        return self._low
+    def by_value(self) -> bool:
+        return True
 
     def for_itemsize(self, itemsize: int) -> Codec:
         """This layout for values of ``itemsize`` bytes (the high plane keeps the top half)."""
@@ -135,20 +87,21 @@ class PlanesCodec(Codec):
         return PlanesCodec(self._high, self._low, tolerant=self._tolerant, width=itemsize,
                            high_bytes=itemsize // 2)
 
-    def for_quantized(self) -> Codec:
-        return self._high
+    def for_quantized(self, span: tuple[int, int, int] | None = None) -> Codec:
+        """With the quantizer's tolerant byte span ``(start, end, total)``: the high code
+        over its strict bytes, the low code over the span (:class:`QuantPlanesCodec`);
+        without one, the high code over the whole block."""
+        if span is None:
+            return self._high
+        start, end, total = span
+        return QuantPlanesCodec(self._high, self._low, tolerant=self._tolerant, head=start,
+                                tail=total - end)
 
     # ---------------------------------------------------------------- sizes
     def _sizes(self, n: int) -> tuple[int, int, int]:
         """(high plane bytes before its checksums, low plane bytes, values) for ``n``."""
         e, tail = divmod(n, self._w)
         return e * self._hb + tail, e * (self._w - self._hb), e
-
-    def encoded_size(self, n: int) -> int:
-        if n < 0:
-            raise ValueError("negative size")
-        h, lo, _ = self._sizes(n)
-        return self._high.encoded_size(h + 2 * SUM) + self._low.encoded_size(lo)
 
     def data_size(self, encoded_n: int) -> int:
         # A trailing partial value goes to the high plane, so the size is not monotonic
@@ -171,24 +124,10 @@ class PlanesCodec(Codec):
                                      "encoded length" + (" (ambiguous)" if found else ""))
         return found.pop()
 
-    def parts(self, data_bytes: int) -> tuple[Part, ...]:
-        h, lo, _ = self._sizes(data_bytes)
-        parts = [Part(self._high, h + 2 * SUM, False)]
-        if lo:
-            parts.append(Part(self._low, lo, self._tolerant))
-        return tuple(parts)
-
-    def units(self, data_bytes: int) -> Units:
-        raise ConfigError(f"{self.spec} is two decoding layouts: predict each of parts()")
-
     @property
     def overhead(self) -> float:
         f = self._hb / self._w
         return f * self._high.overhead + (1 - f) * self._low.overhead
-
-    @property
-    def t(self) -> int:
-        return self._high.t
 
     # ---------------------------------------------------------------- planes
     def _split(self, data: U8) -> tuple[U8, U8]:
@@ -208,106 +147,8 @@ class PlanesCodec(Codec):
         out[e * self._w:] = high[e * self._hb:]
         return out
 
-    def _cut(self, size: int) -> tuple[int, int, int]:
-        n = self.data_size(size)
-        h, _, _ = self._sizes(n)
-        return n, h, self._high.encoded_size(h + 2 * SUM)
-
-    # ---------------------------------------------------------------- coding
-    def encode(self, data: BytesLike) -> bytes:
-        d = as_u8(data)
-        high, low = self._split(d)
-        hd = np.concatenate([high, np.frombuffer(xxhash.xxh3_128_digest(high.data)
-                                                 + xxhash.xxh3_128_digest(low.data),
-                                                 dtype=np.uint8)])
-        return self._high.encode(hd) + self._low.encode(low)
-
-    def systematic_data(self, buf: BytesLike) -> U8 | None:
-        b = as_u8(buf)
-        n, h, henc = self._cut(b.size)
-        hs = self._high.systematic_data(b[:henc])
-        ls = self._low.systematic_data(b[henc:])
-        if hs is None or ls is None:
-            return None
-        return self._join(hs[:h], ls[:n // self._w * (self._w - self._hb)], n)
-
-    def _high_plane(self, b: U8, henc: int, h: int, eras: np.ndarray
-                    ) -> tuple[U8, bytes, int] | DecodeResult:
-        # Intact plane data passes its checksum without decoding (damaged parity alone
-        # never loses a plane, as with the whole-block checksum of a single code).
-        fast = self._high.systematic_data(b[:henc]) if not eras.size or eras[0] >= h + 2 * SUM \
-            else None
-        if fast is not None and xxhash.xxh3_128_digest(fast[:h].data) == bytes(fast[h:h + SUM]):
-            return fast[:h], bytes(fast[h + SUM:h + 2 * SUM]), 0
-        res = self._high.decode(b[:henc], eras[eras < henc])
-        if not res.ok:
-            return uncorrectable(f"high plane: {res.detail or 'uncorrectable'}")
-        hd = np.frombuffer(res.data, dtype=np.uint8)
-        high = hd[:h]
-        if xxhash.xxh3_128_digest(high.data) != bytes(hd[h:h + SUM]):
-            return uncorrectable("high plane fails its checksum (errors beyond its code)")
-        return high, bytes(hd[h + SUM:h + 2 * SUM]), res.n_corrected
-
-    def _low_plane(self, b: U8, henc: int, eras: np.ndarray, digest: bytes
-                   ) -> tuple[U8 | None, int, str]:
-        le = eras[eras >= henc] - henc
-        fast = self._low.systematic_data(b[henc:])
-        if fast is not None:
-            n_low = self._low.data_size(b.size - henc)
-            if (not le.size or le[0] >= n_low) and \
-                    xxhash.xxh3_128_digest(fast[:n_low].data) == digest:
-                return fast[:n_low], 0, ""
-        res = self._low.decode(b[henc:], le)
-        if not res.ok:
-            return None, 0, f"low plane: {res.detail or 'uncorrectable'}"
-        low = np.frombuffer(res.data, dtype=np.uint8)
-        if xxhash.xxh3_128_digest(low.data) != digest:
-            return None, 0, "low plane fails its checksum"
-        return low, res.n_corrected, ""
-
-    def _open(self, buf: BytesLike, erasures: Iterable[int] | None
-              ) -> tuple[U8, np.ndarray, int, int, tuple[U8, bytes, int] | DecodeResult]:
-        """(buffer, erasures, data bytes, high plane's encoded length, its decoding)."""
-        b = as_u8(buf)
-        eras = normalize_erasures(erasures, b.size)
-        n, h, henc = self._cut(b.size)
-        return b, eras, n, henc, self._high_plane(b, henc, h, eras)
-
-    def decode(self, buf: BytesLike, erasures: Iterable[int] | None = None) -> DecodeResult:
-        b, eras, n, henc, hi = self._open(buf, erasures)
-        if isinstance(hi, DecodeResult):
-            return hi
-        high, digest, fixed = hi
-        low, fixed_low, detail = self._low_plane(b, henc, eras, digest)
-        if low is None:
-            return uncorrectable(detail + (" (tolerant: readable degraded)"
-                                           if self._tolerant else ""))
-        data = self._join(high, low, n).tobytes()
-        fixed += fixed_low
-        return DecodeResult(data, CORRECTED, fixed, f"{fixed} corrected") if fixed or \
-            eras.size else clean(data)
-
-    def decode_degraded(self, buf: BytesLike, erasures: Iterable[int] | None = None
-                        ) -> Degraded | None:
-        """For a tolerant layout whose low plane failed: the values with the verified high
-        plane and the low plane as read (lost bytes at mid-range). None when the high plane
-        itself fails or the layout is not tolerant: the block is lost."""
-        if not self._tolerant:
-            return None
-        b, eras, n, henc, hi = self._open(buf, erasures)
-        if isinstance(hi, DecodeResult):
-            return None
-        # Called once decode() has failed on the low plane: not decoded a second time.
-        high, _, fixed = hi
-        cut = self._w - self._hb
-        e = n // self._w
-        raw = self._low.systematic_data(b[henc:])
-        low = (np.zeros(e * cut, dtype=np.uint8) if raw is None
-               else np.array(raw[:e * cut], dtype=np.uint8))
-        lost = eras[(eras >= henc) & (eras < henc + e * cut)] - henc
-        if raw is None:
-            lost = np.arange(e * cut)
+    def _fill_lost(self, low: U8, lost: np.ndarray) -> None:
         # A lost byte's value is unknown: the middle of the low part's range bounds the error
         # by half a unit of the high part.
+        cut = self._w - self._hb
         low[lost] = np.where(lost % cut == cut - 1, 0x80, 0).astype(np.uint8)
-        return Degraded(self._join(high, low, n).tobytes(), fixed, e, "low plane unverified")

@@ -248,10 +248,15 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
         for wi, w in block_widths(b, cfg):
             nbytes = data_bytes(b, w)
             for ci, code in enumerate(cfg.codes):
+                judged = code
                 if w[0] < 16 and by_value(code):
-                    continue      # byte planes split values, not quantized codes
+                    # Byte planes on a quantized block: its metadata strict, its codes
+                    # tolerant; predicted with the block's own split (sizes bound in).
+                    judged = quantized_code(b, w, code)
+                    if not judged:
+                        continue
                 rec = record_bytes(b, w, code)
-                p_due, p_sdc, p_deg = cache.outcomes(code, nbytes, models[ti],
+                p_due, p_sdc, p_deg = cache.outcomes(judged, nbytes, models[ti],
                                                      b.residency_hours, mkeys[ti])
                 read = tier.latency_us + rec / (tier.read_gbps * 1e3)
                 rows.append((ti, w[0], ci, rec, nbytes, p_due, p_sdc, read, weight * rec,
@@ -292,11 +297,33 @@ def build_template(b: BlockInput, tiers: Sequence[TierInput], models: Sequence[A
 
 @lru_cache(maxsize=256)
 def by_value(code: str) -> bool:
-    """True for codes laid out by value (byte planes): only for unquantized blocks."""
+    """True for codes laid out by value (byte planes): a quantized block gets them as
+    quantized planes (:func:`quantized_code`)."""
     from rkv.codec.stages import codec_for
 
     c = codec_for(code)
-    return c is not None and c.parts(1) is not None
+    return c is not None and c.by_value
+
+
+def quantized_code(b: BlockInput, bits: int | Width, code: str) -> str:
+    """The spec of what a layout by value becomes on ``b`` quantized to ``bits``: quantized
+    planes bound to the block's metadata and codes (``qplanes(...,head=,tail=)``), what
+    ``predict`` must judge. Empty where the engine writes no such record: a ``k`` or ``v``
+    half (a record holds both), or a chunk too short to quantize."""
+    return _quantized_code(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, _width(bits),
+                           code)
+
+
+@lru_cache(maxsize=4096)
+def _quantized_code(tokens: int, kind: str, heads: int, dim: int, dtype: str, w: Width,
+                    code: str) -> str:
+    from rkv.codec.pipeline import Pipeline
+
+    if kind != "kv":
+        return ""
+    shape = (2, tokens, heads, dim)
+    pipe = Pipeline.parse(quant_spec(w), code).for_block(shape, dtype)
+    return pipe.codec.spec if pipe.quant is not None and pipe.codec is not None else ""
 
 
 @dataclass
@@ -345,19 +372,21 @@ class Table:
 
 
 def build_table(templates: Sequence[Template], cls: I64, kl_rows: F64, kl_idx: I64,
-                tokens: I64, deg_kl: F64 | None = None) -> Table:
+                tokens: I64, deg_kl: F64 | None = None, deg_kl_q: F64 | None = None
+                ) -> Table:
     """The table of blocks whose template is ``templates[cls[i]]`` and whose KL per width
     (in the config's ``widths`` order, the templates' ``width``) is ``kl_rows[kl_idx[i]]``;
-    vectorised gathers only. ``deg_kl``:
-    what a degraded read of the block costs (per KL row; inf: unknown, so layouts that can
-    degrade are not offered)."""
+    vectorised gathers only. ``deg_kl``: what a degraded read of the block costs (per KL
+    row; inf: unknown, so layouts that can degrade are not offered); ``deg_kl_q`` the same
+    for a quantized block (quantized planes: values anywhere in their group's range; None:
+    unknown)."""
     # Templates of one table have the same options (one tier set, one config), except
     # that blocks of kind "k"/"v" lack the split widths: pad those columns (never kept).
     n = max(len(t.tier) for t in templates)
     templates = [_padded(t, n) for t in templates]
     stack = {f: np.stack([getattr(t, f) for t in templates])
-             for f in ("tier", "width", "record_bytes", "read_us", "cap_cost", "p_due",
-                       "kept")}
+             for f in ("tier", "bits", "width", "record_bytes", "read_us", "cap_cost",
+                       "p_due", "kept")}
     # Only the columns some block may take reach the solver (most options are pruned).
     cols = np.flatnonzero(stack["kept"].any(axis=0))
     sub = {f: v[:, cols][cls] for f, v in stack.items()}
@@ -369,9 +398,14 @@ def build_table(templates: Sequence[Template], cls: I64, kl_rows: F64, kl_idx: I
         # profile has; without a profile that cost is unknown and such layouts are dropped.
         deg = np.stack([np.zeros(len(t.tier)) if t.p_degraded is None else t.p_degraded
                         for t in templates])[:, cols][cls]
-        per = (np.full(len(kl_rows), np.inf) if deg_kl is None else deg_kl)[kl_idx]
+        # A degraded quantized read (quantized planes: the codes failed) leaves damaged
+        # values anywhere in their group's range: its own, larger charge.
+        unknown = np.full(len(kl_rows), np.inf)
+        per = np.where(sub["bits"] < 16,
+                       (unknown if deg_kl_q is None else deg_kl_q)[kl_idx][:, None],
+                       (unknown if deg_kl is None else deg_kl)[kl_idx][:, None])
         with np.errstate(invalid="ignore"):
-            extra = np.where(deg > 0, deg * per[:, None], 0.0)
+            extra = np.where(deg > 0, deg * per, 0.0)
         bad = ~np.isfinite(extra)
         kept = kept & ~bad
         kl = kl + np.where(bad, 0.0, extra)

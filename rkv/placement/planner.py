@@ -254,8 +254,10 @@ class Planner:
         prof = self.profile
         deg_kl = np.asarray([_degraded_kl(prof, layer, kind) for layer, kind in kinds],
                             np.float64)
+        deg_kl_q = np.asarray([_degraded_kl_quantized(prof, layer, kind)
+                               for layer, kind in kinds], np.float64)
         tokens = np.fromiter((s[0] for s in statics), np.int64, len(statics))
-        return build_table(templates, cls, kl_rows, kl_idx, tokens, deg_kl)
+        return build_table(templates, cls, kl_rows, kl_idx, tokens, deg_kl, deg_kl_q)
 
     def _kl_row(self, layer: int, kind: str) -> F64:
         """KL per width of the config (a ``"kv"`` block: K at the key bits plus V at the
@@ -418,3 +420,26 @@ def _degraded_kl(prof: QualityProfile | None, layer: int, kind: str) -> float:
         return prof.degraded_kl(layer, kind)
     except ConfigError:
         return math.inf
+
+
+def degraded_factor(bits: int) -> float:
+    """How many times the error variance of ``bits``-bit KIVI a degraded quantized read
+    has: a damaged value lands anywhere in its group's range ``r`` (a uniform value against
+    the true one, ``r^2 / 6``) where quantization leaves ``s^2 / 12`` with
+    ``s = r / (2^bits - 1)``: ``2 (2^bits - 1)^2`` (18 at 2 bits, 450 at 4, 130050 at 8)."""
+    return 2.0 * ((1 << bits) - 1) ** 2
+
+
+def _degraded_kl_quantized(prof: QualityProfile | None, layer: int, kind: str) -> float:
+    """A degraded quantized read's KL for the block (quantized planes whose codes failed):
+    as if every value were damaged, the block's KL at the fewest bits its profile has
+    times :func:`degraded_factor` of those bits (KL taken as proportional to the error
+    variance); inf without a profile entry (such layouts are not offered)."""
+    if prof is None:
+        return math.inf
+    for bits in (2, 4, 8):
+        try:
+            return degraded_factor(bits) * prof.kl(layer, kind, bits)
+        except ConfigError:
+            continue
+    return math.inf

@@ -149,6 +149,14 @@ class Quantizer(Configured, ABC):
         dims = check_shape(shape)
         return 8.0 * self.encoded_size(dims, dtype) / float(np.prod(dims))
 
+    def tolerant_span(self, shape: Iterable[int], dtype: str | np.dtype[Any]
+                      ) -> tuple[int, int, int] | None:
+        """``(start, end, total)``: the bytes ``[start, end)`` of the ``total``-byte encoding
+        of a block of ``shape`` and ``dtype`` where *any* content still decodes within the
+        quantizer's bounds (packed codes), so they may be read back unverified; every other
+        byte (metadata) must be exact. None (the default): no such bytes."""
+        return None
+
     @property
     def lossless(self) -> bool:
         """True when ``decode(encode(x))`` always equals ``x``."""

@@ -389,3 +389,13 @@ class KiviQuantizer(Quantizer):
         cl = lay.copy_len
         ok = [_verifies(b[off : off + cl]) for off in lay.copy_offsets]
         return ok[0], ok[1], ok[2]
+
+    def tolerant_span(
+        self, shape: Iterable[int], dtype: str | np.dtype[Any]
+    ) -> tuple[int, int, int]:
+        """``(start, end, total)``: the packed codes with their zero padding, between metadata
+        copy 1 and copy 2. Any byte there decodes to codes in ``[0, 2**bits - 1]``, so each
+        value stays inside its group's ``[z, z + (2**bits - 1) * s]``; the metadata copies
+        around it are what must be exact."""
+        lay = self.layout(shape, dtype)
+        return lay.codes_offset, lay.copy_offsets[2], lay.total

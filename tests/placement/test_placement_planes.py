@@ -1,6 +1,6 @@
-"""Byte planes as planner options: never after a quantizer, P(DUE) without the tolerant
-plane's failures, a degraded read charged the block's worst profiled KL, and chosen when it
-is the cheapest layout meeting the target."""
+"""Byte planes as planner options (after a quantizer: test_placement_qplanes.py): P(DUE)
+without the tolerant plane's failures, a degraded read charged the block's worst profiled KL,
+and chosen when it is the cheapest layout meeting the target."""
 
 from __future__ import annotations
 
@@ -46,7 +46,6 @@ def test_planes_is_the_cheapest_layout_meeting_max_p_due() -> None:
     plan = Planner(cfg, profile=kl, cache=ReliabilityCache()).plan(blocks, [tier])
     for got in plan.blocks:
         assert got.bits == 4 or got.code == PLANES
-        assert not (got.bits < 16 and got.code.startswith("planes"))
     # Lossless bits only: planes at 16 bits, whose KL is the degraded read's expected cost,
     # P(degraded) x the block's KL at the fewest bits its profile has (2 here).
     only16 = PlacementConfig(bits=(16,), codes=CODES, max_p_due=limit,
@@ -61,18 +60,6 @@ def test_planes_is_the_cheapest_layout_meeting_max_p_due() -> None:
     # strict code with twice the parity is taken.
     plan = Planner(only16, profile=None, cache=ReliabilityCache()).plan(blocks, [tier])
     assert {(b.bits, b.code) for b in plan.blocks} == {(16, "rs(255,223)")}
-
-
-def test_planes_never_follows_a_quantizer() -> None:
-    tier = TierInput("t", MODEL, 1 << 36, 10.0, 1.0)
-    blocks = [BlockInput(layer, "kv", 0, 64, 1.0, 1.0, 2, 32) for layer in range(2)]
-    cfg = PlacementConfig(bits=(16, 8, 4), codes=(PLANES,), max_p_due=1.0,
-                          quality_budget_kl=10.0, capacity_cost={"t": 1e9})
-    planner = Planner(cfg, profile=kl, cache=ReliabilityCache())
-    plan = planner.plan(blocks, [tier])
-    assert all(b.bits == 16 for b in plan.blocks)
-    t = next(iter(planner._templates.values()))
-    assert set(t.bits.tolist()) == {16}
 
 
 def _model() -> object:

@@ -292,6 +292,19 @@ class Harness:
         except RkvError:
             return None
 
+    def _within_groups(self, got: Any, reference: np.ndarray) -> bool:
+        """A degraded quantized block's promise (quantized planes): every value inside its
+        KIVI group's range, judged on the fault-free decode (whose group minimum is the
+        zero point and whose maximum the top code, up to the scale's rounding)."""
+        from rkv.quant import KiviQuantizer
+        from rkv.quant.kivi_groups import within_ranges
+
+        q = self.quant
+        if not isinstance(q, KiviQuantizer):
+            return False
+        return bool(within_ranges(np.asarray(got)[0], reference[0], q.group, q.bits,
+                                  q.vbits).all())
+
     def classify(self, tokens: Any, spec: ModelSpec, reference: np.ndarray, inj: Injection
                  ) -> tuple[str, int]:
         """The outcome of reading back one block (one chunk of a one-layer model) whose
@@ -315,6 +328,9 @@ class Harness:
             return "due", 0
         st = got.blocks[0]
         if st.status == "degraded":
+            if self.quant is not None:
+                return ("degraded", 0) if self._within_groups(got.kv, reference) \
+                    else ("sdc", 0)
             # Bounded noise is the promise: the high half of every value must be exact.
             w = reference.dtype.itemsize
             hi = slice(w - w // 2, w)
