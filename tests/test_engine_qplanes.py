@@ -107,3 +107,24 @@ def test_a_strict_codes_part_fails_as_a_recompute(store_path: Path) -> None:
         assert got.ok and got.counts["corrected"] == 1
         damage(e, t, 0, "codes", 40)         # beyond it
         assert e.get(t, model=SPEC).counts["uncorrectable"] == 1
+
+
+def test_split_widths_degrade_within_each_halfs_own_range(store_path: Path) -> None:
+    """4-bit keys with 2-bit values under quantized planes: damaged codes read back
+    degraded, keys within their 4-bit groups' ranges and values within their 2-bit ones."""
+    q = KiviQuantizer(4, vbits=2)
+    cfg = qconfig()
+    cfg = replace(cfg, tiers=tuple(replace(t, quant="kivi(bits=4,vbits=2)")
+                                   for t in cfg.tiers))
+    with Engine.open(store_path, cfg) as e:
+        t = toks(3)
+        kv = random_kv(SPEC, TOKENS, seed=3)
+        e.put(t, kv, model=SPEC)
+        clean = e.get(t, model=SPEC)
+        want = q.decode(q.encode(np.asarray(kv)[0]), kv.shape[1:], "float16")
+        assert np.array_equal(np.asarray(clean.kv)[0].view(np.uint16), want.view(np.uint16))
+        damage(e, t, 0, "codes", 40)
+        got = e.get(t, model=SPEC)
+        assert got.ok and got.blocks[0].status == "degraded"
+        g = np.asarray(got.kv)[0]
+        assert within_ranges(g, np.asarray(kv)[0], q.group, 4, 2).all()
