@@ -142,7 +142,7 @@ def _round_trip(kv: np.ndarray, tokens: list[int], *, quant: str, ecc: str, raw:
     with Harness.temporary(quant=quant, ecc=ecc, chunk_tokens=chunk_tokens, raw=raw,
                            seed=seed) as h:
         h.put(tokens, kv, spec)
-        flips = erasures = 0
+        flips = erasures = faulted = 0
         if fault_model is not None:
             import faultmodels
 
@@ -151,9 +151,12 @@ def _round_trip(kv: np.ndarray, tokens: list[int], *, quant: str, ecc: str, raw:
             for inj in h.inject_model(model, hours, np.random.default_rng([seed, digest])):
                 flips += int(inj.flips.size)
                 erasures += len(inj.erasures)
+                faulted += not inj.empty
         got = h.read(tokens, spec)
     report = {k: v for k, v in got.report().items() if v}
     report["corrected_symbols"] = got.corrected
+    if faulted:         # blocks whose stored bytes met a fault (whatever the read made of it)
+        report["faulted_blocks"] = faulted
     if raw:
         report["flipped_bits"] = flips
         report["erasures"] = erasures
