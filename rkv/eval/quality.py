@@ -387,6 +387,60 @@ def _recompute(model: Any, x: Any, kv: np.ndarray, kv2: np.ndarray | None, pre: 
     return kv_from_cache(out.past_key_values), out.logits[:, -1:]
 
 
+@dataclass(frozen=True)
+class _Reference:
+    """One window's prefill and reference pass: the prefill's logits (``logits``, as
+    :func:`_recompute` reads them), the prefix's KV, the reference log-probabilities of the
+    scored tokens and their negative log-likelihood, and the scored tokens' queries
+    (``None`` when not captured)."""
+
+    logits: Any
+    kv: np.ndarray
+    ref_lp: Any
+    nll: float
+    queries: list[Any] | None
+
+
+#: References kept per process for calls without the attention error (a sweep's cells score
+#: the same windows with the same model, and these two passes are most of a cell's time).
+#: The model is held in the value, so that its id cannot be reused by another model.
+_REFERENCES: dict[tuple[int, tuple[int, ...], int], tuple[Any, _Reference]] = {}
+_MAX_REFERENCES = 32
+
+
+def _reference(model: Any, ids: list[int], prefix: int, queries: bool) -> _Reference:
+    """The window's :class:`_Reference`, computed, or kept from an earlier call when
+    ``queries`` is false. The KV is the caller's copy: a transform may not change the
+    kept one."""
+    import torch
+
+    key = (id(model), tuple(int(t) for t in ids), prefix)
+    hit = None if queries else _REFERENCES.get(key)
+    if hit is not None and hit[0] is model:
+        r = hit[1]
+        return _Reference(r.logits, r.kv.copy(), r.ref_lp, r.nll, None)
+    x = torch.tensor([ids])
+    target = x[0, prefix:]
+    pre = model(x[:, :prefix], use_cache=True)
+    kv = kv_from_cache(pre.past_key_values)
+    captured, unhook = _capture_queries(model) if queries else (None, None)
+    try:
+        ref = model(x[:, prefix:], cache=cache_from_kv(kv, model.config), use_cache=True)
+    finally:
+        if unhook is not None:
+            unhook()
+    ref_logits = torch.cat([pre.logits[:, -1:], ref.logits[:, :-1]], dim=1)[0]
+    ref_lp = torch.log_softmax(ref_logits.double(), dim=-1)
+    out = _Reference(pre.logits[:, -1:], kv, ref_lp,
+                     -float(ref_lp.gather(1, target[:, None]).sum()), captured)
+    if not queries:
+        if len(_REFERENCES) >= _MAX_REFERENCES:
+            _REFERENCES.pop(next(iter(_REFERENCES)))
+        _REFERENCES[key] = (model, out)
+        return _Reference(out.logits, kv.copy(), ref_lp, out.nll, None)
+    return out
+
+
 def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None, *,
              label: str = "", prefix: int = 512, attention: bool = True) -> Quality:
     """Score the ``windows[i][prefix:]`` tokens from a cache of ``windows[i][:prefix]`` that
@@ -414,17 +468,8 @@ def evaluate_many(model: Any, windows: list[list[int]],
         x = torch.tensor([ids])
         target = x[0, prefix:]
         with torch.no_grad():
-            pre = model(x[:, :prefix], use_cache=True)
-            kv = kv_from_cache(pre.past_key_values)
-            queries, unhook = _capture_queries(model)
-            try:
-                ref = model(x[:, prefix:], cache=cache_from_kv(kv, model.config),
-                            use_cache=True)
-            finally:
-                unhook()
-            ref_logits = torch.cat([pre.logits[:, -1:], ref.logits[:, :-1]], dim=1)[0]
-            ref_lp = torch.log_softmax(ref_logits.double(), dim=-1)
-            w_ref = -float(ref_lp.gather(1, target[:, None]).sum())
+            pre = _reference(model, ids, prefix, attention)
+            kv, ref_lp, w_ref, queries = pre.kv, pre.ref_lp, pre.nll, pre.queries or []
             for (_, transform), acc in zip(settings, accs, strict=True):
                 redone = 0
                 if transform is None:
@@ -434,7 +479,7 @@ def evaluate_many(model: Any, windows: list[list[int]],
                     kv2, rep = transform(kv, ids[:prefix])
                     for k, v in rep.items():
                         acc["report"][k] = acc["report"].get(k, 0) + v
-                    last = pre.logits[:, -1:]   # a full hit: the prefill's own last logits
+                    last = pre.logits           # a full hit: the prefill's own last logits
                     if kv2 is None or kv2.shape[2] < prefix:
                         redone = prefix - (0 if kv2 is None else kv2.shape[2])
                         kv2, last = _recompute(model, x, kv, kv2, pre, prefix)
