@@ -338,7 +338,7 @@ def _pool_interval(parts: Sequence[tuple[Mapping[str, Any], int]]) -> Interval:
     below = sum((m - lo) * w for m, lo, _, w in vals) / wsum
     above = sum((hi - m) * w for m, _, hi, w in vals) / wsum
     if len(vals) > 1:
-        from rkv.eval.quality import t_quantile
+        from rkv.eval.stats import t_quantile
 
         k = len(vals)       # seeds: few, so Student's t, not the normal 1.96
         spread = t_quantile(0.975, k - 1) * _stdev([m for m, *_ in vals]) / math.sqrt(k)
@@ -419,6 +419,9 @@ def _setting(tier: str, text: str, grp: Sequence[Mapping[str, Any]]) -> Setting:
     for k in q:
         if qual:
             q[k] = _pool_interval([(x[k], int(x["windows"])) for x in qual])
+    kl = q["kl"]
+    if kl is not None and kl.lo < 0:        # a t interval cut at KL >= 0 keeps its coverage
+        q["kl"] = Interval(kl.mean, 0.0, kl.hi)
     c = {k: _mean([float(x[k]) for x in cost if x.get(k) is not None]) for k in
          ("overhead", "bytes_per_token", "raw_bytes_per_token", "put_gbps", "get_gbps")}
     refs = [float(x["ppl_ref"]) for x in qual if x.get("ppl_ref") is not None]
