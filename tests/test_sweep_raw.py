@@ -233,3 +233,24 @@ def test_figures_draw_intervals_and_distinct_upper_bounds() -> None:
                 assert names[:2] == ["raw", "chk"]
         finally:
             plt.close(fig)
+
+
+def test_kept_references_are_not_changed_by_a_transform() -> None:
+    """The sweep's cells share each window's reference pass; a transform that writes into
+    the KV it is given must not change what the next cell is compared with."""
+    from rkvtest import tiny_llama
+
+    from rkv.eval.quality import evaluate
+
+    model = tiny_llama()
+    wins = [list(np.random.default_rng(i).integers(0, 97, 40)) for i in range(2)]
+
+    def in_place(kv: np.ndarray, tokens: list[int]) -> tuple[np.ndarray, dict[str, int]]:
+        kv += 0.5
+        return kv, {}
+
+    first = evaluate(model, wins, in_place, prefix=32, attention=False)
+    again = evaluate(model, wins, in_place, prefix=32, attention=False)
+    assert first.per_window == again.per_window and first.kl > 0
+    clean = evaluate(model, wins, lambda kv, t: (kv, {}), prefix=32, attention=False)
+    assert clean.kl == 0.0

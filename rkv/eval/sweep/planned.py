@@ -17,7 +17,8 @@ names everything its plan depends on.
   Donner 2008, "Construction of confidence limits about effect measures"), which reduces to
   the Wilson interval for one group.
 * **quality**: every window's prefix is put through a planned engine (the real write path:
-  the plan of that put) and read back under the cell's faults (:class:`PlannedRoundTrip`).
+  the plan of that put) and read back under the cell's faults at its quality multiplier
+  (:class:`PlannedRoundTrip`).
 * **cost**: the cost put of :func:`rkv.eval.sweep.cells.cost` with the planned engine.
 """
 
@@ -156,10 +157,12 @@ def reliability(cell: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class PlannedRoundTrip:
-    """A quality transform: each window's KV (cast to fp16) put through a planned engine,
-    corrupted by the cell's accelerated model over its hours, read back verified, cast back.
-    Seeded by the cell's seed and the window's tokens, as :class:`rkv.eval.quality.RkvRoundTrip`.
-    ``stats`` adds up the reports and the stored (bits, code) mix."""
+    """A quality transform: each window's KV (cast to fp16) put through a planned engine
+    (planned for the cell's accelerated model), corrupted by the cell's model over its hours
+    at ``ber_multiplier`` (default: the cell's), read back verified, cast back. Seeded by the
+    cell's seed and the window's tokens, as :class:`rkv.eval.quality.RkvRoundTrip`. ``stats``
+    adds up the reports (``faulted_blocks``: blocks that met a fault) and the stored (bits,
+    code) mix."""
 
     def __init__(self, cell: Mapping[str, Any], ber_multiplier: float | None = None) -> None:
         import faultmodels

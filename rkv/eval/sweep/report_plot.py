@@ -187,14 +187,21 @@ def figure_pareto(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
             if s.key in front:
                 ax.scatter([x], [y], s=120, marker="o", facecolors="none", edgecolors="k",
                            linewidths=0.6, zorder=2, transform=at)
-            name = "planned" if s.bits is None else f"{s.bits}b"
-            clusters.setdefault(name, []).append((x, hi))
+            if s.bits is None:     # planned bytes fall between bit-widths: labelled aside
+                ax.annotate("planned", (x, y), xytext=(dx + 7, 0), textcoords="offset points",
+                            ha="left", va="center", fontsize=6.5, color="0.25")
+            else:
+                clusters.setdefault(f"{s.bits}b", []).append((x, hi))
+        tops = [(_x(s, cost), max(s.kl.hi, s.kl.mean)) for s in pts if s.kl is not None
+                and math.isfinite(s.kl.hi)]
         for name, xy in clusters.items():
-            # One label per bit-width, above its group's highest interval: never on a marker.
+            # One label per bit-width, above the highest interval in its group's span (a
+            # planned point's included): never on a marker or an error bar.
             x = math.exp(sum(math.log(max(p[0], 1e-9)) for p in xy) / len(xy))
-            ax.annotate(name, (x, max(p[1] for p in xy)), xytext=(0, 5),
-                        textcoords="offset points", ha="center", va="bottom", fontsize=6.5,
-                        color="0.25")
+            left, right = min(p[0] for p in xy) / 1.05, max(p[0] for p in xy) * 1.05
+            top = max([p[1] for p in xy] + [t for u, t in tops if left <= u <= right])
+            ax.annotate(name, (x, top), xytext=(0, 5), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=6.5, color="0.25")
         ax.set_yscale("symlog", linthresh=1e-4)
         if cost:
             ax.set_xscale("log")
