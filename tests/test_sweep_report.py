@@ -38,7 +38,8 @@ def row(tier: str = "nvme", bits: int = 4, code: str = "rs(255,223)", seed: int 
         windows: int = 12, scale: float = 1.0, reliability: bool = True,
         cost: bool = True, **cfg: Any) -> dict[str, Any]:
     """A synthetic result row in the schema ``rkv sweep`` writes."""
-    config = {"tier": tier, "preset": "nvme-tlc", "params": {}, "ber_multiplier": 1000.0,
+    preset = {"dram": "dram-ddr5", "cxl": "cxl"}.get(tier, "nvme-tlc")     # the tier's own
+    config = {"tier": tier, "preset": preset, "params": {}, "ber_multiplier": 1000.0,
               "bits": bits, "code": code, "layout": {}, "placement": None, "seed": seed,
               "metrics": ["reliability", "quality", "cost"], **cfg}
     key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
@@ -278,10 +279,14 @@ def test_planned_and_raw_cells() -> None:
     assert (sets[0].bits, sets[0].code) == (None, "planned") and sets[1].put_gbps is None
     assert next(p["label"] for p in pareto(rows)).startswith("planned")
     text = summary(rows)
-    assert "raw storage (no checksum, what peers do), 16 bits: silently wrong KV P(SDC) " \
-           "0.07" in text
-    # raw storage's SDC is not rkv's: the verdict counts rkv's settings only.
-    assert text.splitlines()[-1].startswith("verdict: rkv returned no silently wrong KV in 200")
+    assert "raw storage, 16 bits (no checksum; DUE = the medium reported the loss): SDC " \
+           "0.07 [" in text
+    # raw storage's SDC is not rkv's: the verdict counts rkv's settings only; raw's is
+    # stated beside it, as measured.
+    lines = text.splitlines()
+    assert lines[-2].startswith("verdict: rkv returned no silently wrong KV in 200")
+    assert lines[-1] == ("raw storage returned 7 silently wrong block(s) in 100 "
+                         "fault-injected block reads")
     bad = row(placement=None)
     bad["config"]["bits"] = None
     with pytest.raises(ValueError, match=r"config\.bits"):
@@ -290,10 +295,11 @@ def test_planned_and_raw_cells() -> None:
 
 def test_summary_says_what_to_use() -> None:
     text = summary(grid())
-    assert "nvme: cheapest with no SDC seen and KL < 0.01: 4 bits + none" in text
+    assert "nvme (nvme-tlc; block rates at faults x1000):\n  cheapest with no SDC seen and " \
+           "KL < 0.01: 4 bits + none" in text
     assert "no DUE seen): 4 bits + rs(255,223)" in text
-    assert "silently wrong KV" in text and "4-bit (Q4_1)" in text
-    assert text.splitlines()[-1].startswith("verdict: 4 silently wrong block(s)")
+    assert "4-bit (Q4_1)" in text and "would" not in text   # no raw cell: nothing said of raw
+    assert text.splitlines()[-1].startswith("verdict: rkv returned 4 silently wrong block(s)")
 
 
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

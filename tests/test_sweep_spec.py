@@ -120,9 +120,10 @@ def test_rules_match_params_and_layout() -> None:
 
 def test_the_shipped_default_sweep_loads() -> None:
     s = load_sweep("default")
-    assert s.name == "default" and len(s.cells) == 36
+    assert s.name == "default" and len(s.cells) == 47
     assert {c["tier"] for c in s.cells} == {"dram", "cxl", "nvme"}
-    assert {c["bits"] for c in s.cells} == {16, 8, 4, 2}
+    assert {c["bits"] for c in s.cells} == {16, 8, 4, 2, None}     # None: planned
+    assert {c["preset"] for c in s.cells} == {"dram-ddr5", "cxl", "nvme-tlc", "raw-ber"}
 
 
 @pytest.mark.parametrize(("data", "named"), [

@@ -32,6 +32,9 @@ from typing import Any
 import numpy as np
 
 from rkv.errors import InputError, RkvError
+from rkv.eval.stats import MeanCI as MeanCI  # means over windows: re-exported from here
+from rkv.eval.stats import mean_ci as mean_ci
+from rkv.eval.stats import t_quantile as t_quantile
 from rkv.format.hf_kv import cache_from_kv, kv_from_cache
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -142,7 +145,7 @@ def _round_trip(kv: np.ndarray, tokens: list[int], *, quant: str, ecc: str, raw:
     with Harness.temporary(quant=quant, ecc=ecc, chunk_tokens=chunk_tokens, raw=raw,
                            seed=seed) as h:
         h.put(tokens, kv, spec)
-        flips = erasures = 0
+        flips = erasures = faulted = 0
         if fault_model is not None:
             import faultmodels
 
@@ -151,9 +154,12 @@ def _round_trip(kv: np.ndarray, tokens: list[int], *, quant: str, ecc: str, raw:
             for inj in h.inject_model(model, hours, np.random.default_rng([seed, digest])):
                 flips += int(inj.flips.size)
                 erasures += len(inj.erasures)
+                faulted += not inj.empty
         got = h.read(tokens, spec)
     report = {k: v for k, v in got.report().items() if v}
     report["corrected_symbols"] = got.corrected
+    if faulted:         # blocks whose stored bytes met a fault (whatever the read made of it)
+        report["faulted_blocks"] = faulted
     if raw:
         report["flipped_bits"] = flips
         report["erasures"] = erasures
@@ -268,66 +274,6 @@ def mean_attention_error(model: Any, queries: list[Any], kv: np.ndarray, kv2: np
     return float(np.mean(errs))
 
 
-# -- confidence intervals over windows -------------------------------------------------------
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom: bisection
-    on the closed-form CDF for integer ``df`` (no scipy needed)."""
-    if not (0.5 < p < 1.0) or df < 1:
-        raise InputError(f"t_quantile needs 0.5 < p < 1 and df >= 1, got {p!r}, {df!r}")
-
-    def central(t: float) -> float:          # P(|T| < t)
-        th = math.atan(t / math.sqrt(df))
-        c2 = math.cos(th) ** 2
-        term = acc = 1.0
-        if df % 2:
-            for k in range(1, (df - 3) // 2 + 1):
-                term *= c2 * (2 * k) / (2 * k + 1)
-                acc += term
-            return 2 / math.pi * (th + (math.sin(th) * math.cos(th) * acc if df > 1 else 0.0))
-        for k in range(1, (df - 2) // 2 + 1):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            acc += term
-        return math.sin(th) * acc
-
-    lo, hi = 0.0, 1e4
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if central(mid) < 2 * p - 1 else (lo, mid)
-    return (lo + hi) / 2
-
-
-@dataclass(frozen=True)
-class MeanCI:
-    """A mean over windows and its two-sided t-interval (nan bounds with one window or a
-    non-finite value)."""
-
-    mean: float
-    low: float
-    high: float
-    n: int
-
-    @property
-    def half(self) -> float:
-        return (self.high - self.low) / 2
-
-    def to_dict(self) -> dict[str, float]:
-        return {"mean": self.mean, "low": self.low, "high": self.high, "n": self.n}
-
-
-def mean_ci(values: Sequence[float], level: float = 0.95) -> MeanCI:
-    """Mean of ``values`` with its ``level`` Student-t confidence interval (windows are
-    independent draws of text; pass paired differences for comparisons)."""
-    x = np.asarray(values, dtype=np.float64)
-    n = int(x.size)
-    if n == 0:
-        raise InputError("mean_ci needs at least one value")
-    m = float(x.mean())
-    if n < 2 or not np.all(np.isfinite(x)):
-        return MeanCI(m, math.nan, math.nan, n)
-    h = t_quantile(0.5 + level / 2, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
-    return MeanCI(m, m - h, m + h, n)
-
-
 # -- end to end ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Quality:
@@ -384,6 +330,60 @@ def _recompute(model: Any, x: Any, kv: np.ndarray, kv2: np.ndarray | None, pre: 
     return kv_from_cache(out.past_key_values), out.logits[:, -1:]
 
 
+@dataclass(frozen=True)
+class _Reference:
+    """One window's prefill and reference pass: the prefill's logits (``logits``, as
+    :func:`_recompute` reads them), the prefix's KV, the reference log-probabilities of the
+    scored tokens and their negative log-likelihood, and the scored tokens' queries
+    (``None`` when not captured)."""
+
+    logits: Any
+    kv: np.ndarray
+    ref_lp: Any
+    nll: float
+    queries: list[Any] | None
+
+
+#: References kept per process for calls without the attention error (a sweep's cells score
+#: the same windows with the same model, and these two passes are most of a cell's time).
+#: The model is held in the value, so that its id cannot be reused by another model.
+_REFERENCES: dict[tuple[int, tuple[int, ...], int], tuple[Any, _Reference]] = {}
+_MAX_REFERENCES = 32
+
+
+def _reference(model: Any, ids: list[int], prefix: int, queries: bool) -> _Reference:
+    """The window's :class:`_Reference`, computed, or kept from an earlier call when
+    ``queries`` is false. The KV is the caller's copy: a transform may not change the
+    kept one."""
+    import torch
+
+    key = (id(model), tuple(int(t) for t in ids), prefix)
+    hit = None if queries else _REFERENCES.get(key)
+    if hit is not None and hit[0] is model:
+        r = hit[1]
+        return _Reference(r.logits, r.kv.copy(), r.ref_lp, r.nll, None)
+    x = torch.tensor([ids])
+    target = x[0, prefix:]
+    pre = model(x[:, :prefix], use_cache=True)
+    kv = kv_from_cache(pre.past_key_values)
+    captured, unhook = _capture_queries(model) if queries else (None, None)
+    try:
+        ref = model(x[:, prefix:], cache=cache_from_kv(kv, model.config), use_cache=True)
+    finally:
+        if unhook is not None:
+            unhook()
+    ref_logits = torch.cat([pre.logits[:, -1:], ref.logits[:, :-1]], dim=1)[0]
+    ref_lp = torch.log_softmax(ref_logits.double(), dim=-1)
+    out = _Reference(pre.logits[:, -1:], kv, ref_lp,
+                     -float(ref_lp.gather(1, target[:, None]).sum()), captured)
+    if not queries:
+        if len(_REFERENCES) >= _MAX_REFERENCES:
+            _REFERENCES.pop(next(iter(_REFERENCES)))
+        _REFERENCES[key] = (model, out)
+        return _Reference(out.logits, kv.copy(), ref_lp, out.nll, None)
+    return out
+
+
 def evaluate(model: Any, windows: list[list[int]], transform: KVTransform | None, *,
              label: str = "", prefix: int = 512, attention: bool = True) -> Quality:
     """Score the ``windows[i][prefix:]`` tokens from a cache of ``windows[i][:prefix]`` that
@@ -411,17 +411,8 @@ def evaluate_many(model: Any, windows: list[list[int]],
         x = torch.tensor([ids])
         target = x[0, prefix:]
         with torch.no_grad():
-            pre = model(x[:, :prefix], use_cache=True)
-            kv = kv_from_cache(pre.past_key_values)
-            queries, unhook = _capture_queries(model)
-            try:
-                ref = model(x[:, prefix:], cache=cache_from_kv(kv, model.config),
-                            use_cache=True)
-            finally:
-                unhook()
-            ref_logits = torch.cat([pre.logits[:, -1:], ref.logits[:, :-1]], dim=1)[0]
-            ref_lp = torch.log_softmax(ref_logits.double(), dim=-1)
-            w_ref = -float(ref_lp.gather(1, target[:, None]).sum())
+            pre = _reference(model, ids, prefix, attention)
+            kv, ref_lp, w_ref, queries = pre.kv, pre.ref_lp, pre.nll, pre.queries or []
             for (_, transform), acc in zip(settings, accs, strict=True):
                 redone = 0
                 if transform is None:
@@ -431,7 +422,7 @@ def evaluate_many(model: Any, windows: list[list[int]],
                     kv2, rep = transform(kv, ids[:prefix])
                     for k, v in rep.items():
                         acc["report"][k] = acc["report"].get(k, 0) + v
-                    last = pre.logits[:, -1:]   # a full hit: the prefill's own last logits
+                    last = pre.logits           # a full hit: the prefill's own last logits
                     if kv2 is None or kv2.shape[2] < prefix:
                         redone = prefix - (0 if kv2 is None else kv2.shape[2])
                         kv2, last = _recompute(model, x, kv, kv2, pre, prefix)

@@ -5,9 +5,12 @@
   per-block outcome rates with 95 % Wilson intervals next to the analytic P(DUE) and P(SDC)
   of the same settings;
 * **quality**: SmolLM2-135M (weights 4-bit Q4_1) scores ``scored`` tokens after a
-  ``prefix`` whose KV went through rkv with the cell's bits, code and faults
-  (:class:`rkv.eval.quality.RkvRoundTrip`): perplexity, KL and top-1 agreement against the untouched
-  cache, mean and 95 % t interval over the windows;
+  ``prefix`` whose KV went through rkv (:class:`rkv.eval.quality.RkvRoundTrip`) or raw
+  storage (code ``raw``: :func:`rkv.eval.quality.raw_model_faults`, nothing verified) with
+  the cell's bits, code and faults at its quality multiplier: perplexity, KL and top-1
+  agreement against the untouched cache, mean and 95 % t interval over the finite windows;
+  broken windows (non-finite scores), windows that met faults, recomputed windows and
+  tokens, and windows whose KV came back wrong, counted;
 * **cost**: stored bytes per token of a SmolLM2-shaped fp16 put (30 layers x 3 KV heads x 64
   dims) and its put and get throughput.
 
@@ -19,6 +22,7 @@ worker loads SmolLM2 once, not per cell).
 
 from __future__ import annotations
 
+import math
 import shutil
 import statistics
 import subprocess
@@ -34,7 +38,7 @@ import numpy as np
 from rkv.eval.sweep.cell_campaign import finite, reliability, sub_seed
 from rkv.eval.sweep.planned import PlannedRoundTrip, engine_config, smollm2_fp16
 from rkv.eval.sweep.planned import reliability as planned_reliability
-from rkv.eval.sweep.spec import campaign_kwargs, effective_code
+from rkv.eval.sweep.spec import campaign_kwargs, effective_code, quality_multiplier
 
 # SmolLM2-135M's KV shape: what cost cells store.
 SMOLLM2_SHAPE = {"n_layers": 30, "n_kv_heads": 3, "head_dim": 64}
@@ -110,43 +114,114 @@ def measure(model: Any, windows: list[list[int]], transform: Any, prefix: int) -
 
 
 def _transform(cell: Mapping[str, Any]) -> Callable[..., Any]:
+    """What the cell's quality windows' KV goes through, with faults injected at the cell's
+    quality multiplier (:func:`rkv.eval.sweep.spec.quality_multiplier`)."""
     from rkv.eval.quality import RkvRoundTrip, raw_model_faults
 
+    mult = quality_multiplier(cell)
     if cell["placement"] is not None:
-        return PlannedRoundTrip(cell)
+        return PlannedRoundTrip(cell, ber_multiplier=mult)
 
     fm = {"preset": cell["preset"], **cell["params"]}
     chunk = cell["layout"]["chunk_tokens"]
     if cell["code"] == "raw":
-        return raw_model_faults(fm, cell["hours"], seed=cell["seed"],
-                                ber_multiplier=cell["ber_multiplier"], chunk_tokens=chunk)
+        return raw_model_faults(fm, cell["hours"], seed=cell["seed"], ber_multiplier=mult,
+                                chunk_tokens=chunk)
     quant = "none" if cell["bits"] >= 16 else f"kivi(bits={cell['bits']})"
     return RkvRoundTrip(quant=quant, ecc=effective_code(cell["code"], cell["layout"]),
                         fault_model=fm, hours=cell["hours"], seed=cell["seed"],
-                        chunk_tokens=chunk, ber_multiplier=cell["ber_multiplier"])
+                        chunk_tokens=chunk, ber_multiplier=mult)
+
+
+class WindowLog:
+    """A quality transform that keeps, per window, the read's report and whether the KV it
+    returned differs from the KV that was stored (``exact``: cells that store the values
+    as computed, so that any difference is a wrong value the read did not flag)."""
+
+    def __init__(self, inner: Callable[..., Any], exact: bool) -> None:
+        self.inner = inner
+        self.exact = exact
+        self.reports: list[dict[str, int]] = []
+        self.wrong: list[bool] = []
+
+    def __call__(self, kv: np.ndarray, tokens: list[int]) -> tuple[np.ndarray | None,
+                                                                    dict[str, int]]:
+        out, report = self.inner(kv, tokens)
+        self.reports.append(dict(report))
+        n = 0 if out is None else int(out.shape[2])
+        # NaN != NaN: a value turned into NaN counts as wrong, as it should.
+        self.wrong.append(self.exact and out is not None and n > 0
+                          and not np.array_equal(out, kv[:, :, :n]))
+        return out, report
+
+
+def wilson_count(k: int, n: int) -> dict[str, float | int]:
+    """``k`` of ``n`` windows, with the rate's 95 % Wilson interval."""
+    from rkv.eval.faults.campaign import wilson
+
+    lo, hi = wilson(k, n)
+    rate = k / n if n else 0.0
+    return {"n": k, "total": n, "rate": rate, "lo": min(lo, rate), "hi": max(hi, rate)}
+
+
+def _finite_ci(values: list[float], floor: float | None = None) -> dict[str, float | None]:
+    """Mean and 95 % t interval of ``values`` (all null when there are none); ``floor``
+    cuts the interval at a bound the quantity cannot cross (KL >= 0), which keeps its
+    coverage."""
+    from rkv.eval.quality import mean_ci
+
+    if not values:                     # every window broken: no KL to report
+        return {"mean": None, "lo": None, "hi": None}
+    out = interval(mean_ci(values))
+    if floor is not None and out["lo"] is not None:
+        out["lo"] = max(out["lo"], floor)
+    return out
 
 
 def quality(cell: Mapping[str, Any]) -> dict[str, Any]:
-    """Perplexity, KL and top-1 of SmolLM2-135M (Q4_1 weights) over the windows, each a mean
-    with its 95 % t interval; ``delta_ppl`` is the paired perplexity change against the
-    untouched cache (window by window: tighter than comparing two means)."""
+    """SmolLM2-135M (Q4_1 weights) over the windows, with the cell's faults injected at its
+    quality multiplier. A window whose scores are not finite (raw KV with flipped exponent
+    bits gives NaN or inf logits) is *broken*: counted, with its 95 % Wilson interval, and
+    left out of the means; perplexity, KL and top-1 are means with their 95 % t intervals
+    over the finite windows (``delta_ppl``: the paired change against the untouched cache).
+    A DUE is charged as its recompute (``recomputed_windows``, ``recomputed_tokens``): the
+    window is scored on the cache the engine's caller rebuilds."""
     q = cell["settings"]["quality"]
     threads, prefix = q["threads"], q["prefix"]
     model, _ = smollm2(threads)
     wins = [list(w) for w in _windows(tuple(q["text"]), q["windows"], prefix + q["scored"],
                                       threads)]
     transform = _transform(cell)
-    res = measure(model, wins, transform, prefix)
-    ci = res.ci()
+    log = WindowLog(transform, exact=cell["placement"] is None and cell["bits"] >= 16)
+    res = measure(model, wins, log, prefix)
+    per = res.per_window
+    ok = [math.isfinite(w["kl"]) and math.isfinite(w["perplexity"]) for w in per]
+    good = [w for w, o in zip(per, ok, strict=True) if o]
+    reps = log.reports
     plan = getattr(transform, "classes", None)
     extra = {} if plan is None else {"plan": [{"bits": b, "code": c, "blocks": n}
                                               for (b, c), n in sorted(plan.items())]}
     return extra | {
-        "windows": len(wins), "text": ",".join(q["text"]), "ppl": interval(ci["perplexity"]),
-        "ppl_ref": finite(statistics.fmean(w["ref_perplexity"] for w in res.per_window)),
-        "delta_ppl": interval(ci["delta_perplexity"]), "kl": interval(ci["kl"]),
-        "top1": interval(ci["top1"]), "due_blocks": int(res.report.get("due_blocks", 0)),
-        "recomputed_tokens": int(res.recomputed_tokens)}
+        "windows": len(wins), "text": ",".join(q["text"]),
+        "ber_multiplier": quality_multiplier(cell),
+        "ppl": _finite_ci([w["perplexity"] for w in good]),
+        "ppl_ref": finite(statistics.fmean(w["ref_perplexity"] for w in per)),
+        "delta_ppl": _finite_ci([w["perplexity"] - w["ref_perplexity"] for w in good]),
+        "kl": _finite_ci([w["kl"] for w in good], floor=0.0),
+        "top1": _finite_ci([w["top1"] for w in good]),
+        "finite_windows": len(good), "broken": wilson_count(len(per) - len(good), len(per)),
+        "faulted_windows": sum(bool(r.get("faulted_blocks")) for r in reps),
+        "recomputed_windows": sum(bool(w["recomputed_tokens"]) for w in per),
+        "corrected_windows": sum(bool(r.get("corrected_symbols") or r.get("corrected"))
+                                 for r in reps),
+        "degraded_blocks": sum(int(r.get("degraded", 0)) for r in reps),
+        "wrong_kv_windows": sum(log.wrong) if log.exact else None,
+        "due_blocks": int(res.report.get("due_blocks", 0)),
+        "recomputed_tokens": int(res.recomputed_tokens),
+        "per_window": [{"kl": finite(w["kl"]), "broken": not o,
+                        "faulted_blocks": int(r.get("faulted_blocks", 0)),
+                        "recomputed_tokens": int(w["recomputed_tokens"]), "wrong_kv": bad}
+                       for w, o, r, bad in zip(per, ok, reps, log.wrong, strict=True)]}
 
 
 # -- cost ------------------------------------------------------------------------------------

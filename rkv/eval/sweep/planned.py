@@ -17,7 +17,8 @@ names everything its plan depends on.
   Donner 2008, "Construction of confidence limits about effect measures"), which reduces to
   the Wilson interval for one group.
 * **quality**: every window's prefix is put through a planned engine (the real write path:
-  the plan of that put) and read back under the cell's faults (:class:`PlannedRoundTrip`).
+  the plan of that put) and read back under the cell's faults at its quality multiplier
+  (:class:`PlannedRoundTrip`).
 * **cost**: the cost put of :func:`rkv.eval.sweep.cells.cost` with the planned engine.
 """
 
@@ -156,14 +157,22 @@ def reliability(cell: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class PlannedRoundTrip:
-    """A quality transform: each window's KV (cast to fp16) put through a planned engine,
-    corrupted by the cell's accelerated model over its hours, read back verified, cast back.
-    Seeded by the cell's seed and the window's tokens, as :class:`rkv.eval.quality.RkvRoundTrip`.
-    ``stats`` adds up the reports and the stored (bits, code) mix."""
+    """A quality transform: each window's KV (cast to fp16) put through a planned engine
+    (planned for the cell's accelerated model), corrupted by the cell's model over its hours
+    at ``ber_multiplier`` (default: the cell's), read back verified, cast back. Seeded by the
+    cell's seed and the window's tokens, as :class:`rkv.eval.quality.RkvRoundTrip`. ``stats``
+    adds up the reports (``faulted_blocks``: blocks that met a fault) and the stored (bits,
+    code) mix."""
 
-    def __init__(self, cell: Mapping[str, Any]) -> None:
+    def __init__(self, cell: Mapping[str, Any], ber_multiplier: float | None = None) -> None:
+        import faultmodels
+
         self.cell = dict(cell)
-        self.model = fault_model(cell)
+        # The plan is made for the cell's own rates (as its reliability and cost are); the
+        # quality windows may inject at another multiplier (quality.ber_multiplier).
+        self.model = fault_model(cell) if ber_multiplier is None else faultmodels.accelerate(
+            faultmodels.get_model({"preset": cell["preset"], **cell["params"]}),
+            ber_multiplier)
         self.spec = smollm2_fp16()
         self.stats: dict[str, int] = {}
         self.classes: Counter[tuple[int, str]] = Counter()
@@ -182,12 +191,15 @@ class PlannedRoundTrip:
                 assert h.engine is not None
                 self.classes.update(stored_classes(h.engine, self.spec, tokens, chunk))
                 digest = zlib.crc32(np.asarray(tokens, dtype=np.uint32).tobytes())
-                h.inject_model(self.model, self.cell["hours"],
-                               np.random.default_rng([self.cell["seed"], digest]))
+                injected = h.inject_model(self.model, self.cell["hours"],
+                                          np.random.default_rng([self.cell["seed"], digest]))
                 got = h.read(tokens, self.spec)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         report = {k: v for k, v in got.report().items() if v}
+        faulted = sum(not i.empty for i in injected)
+        if faulted:
+            report["faulted_blocks"] = faulted
         for k, v in report.items():
             self.stats[k] = self.stats.get(k, 0) + v
         return (got.kv.astype(kv.dtype) if got.n_tokens else None), report

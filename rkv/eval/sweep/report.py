@@ -10,7 +10,14 @@ is not rewarded for a small sample) or at the point estimate (``rate="point"``).
 are separate objectives, so a cheap setting that loses blocks (DUE: recomputed) and a dearer
 one that corrects them are both on the front; lists are ordered by SDC, then DUE. An
 objective that some setting of a tier lacks (its sweep did not measure it) is left out for
-that tier, so that every setting stays comparable.
+that tier, so that every setting stays comparable. A setting with broken quality windows
+(non-finite scores: raw KV with flipped exponent bits) counts as worse in KL than any
+setting without.
+
+The summary states only what the run measured: per tier, the cheapest accurate rkv setting,
+then raw storage against rkv at the same bits (per-block SDC, DUE and degraded rates from the
+campaigns; from the quality windows, how many met faults, were corrected, recomputed, got
+wrong KV back or broke, and the KL over the finite ones).
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ from typing import Any
 
 from rkv.errors import InputError
 from rkv.eval.sweep.report_fmt import (
-    CHECKSUM_ONLY,
     MODEL_NOTE,
     OBJECTIVES,
     fmt_interval,
@@ -75,7 +81,10 @@ def pareto_settings(sets: Sequence[Setting], rate: str = "hi") -> list[Setting]:
     for tier in tiers(sets):
         group = [s for s in sets if s.tier == tier]
         names = used_objectives(group, rate)
-        vec = [[float(objectives(s, rate)[o] or 0.0) for o in names] for s in group]
+        # A broken window (non-finite scores) is worse than any finite KL.
+        vec = [[math.inf if o == "kl" and s.broken_windows else float(objectives(s, rate)[o]
+                                                                     or 0.0)
+                for o in names] for s in group]
         front = [s for s, v in zip(group, vec, strict=True)
                  if not any(_dominates(w, v) for w in vec)]
         out += sorted(front, key=lambda s: _order(s, rate))
@@ -114,7 +123,7 @@ def setting_dict(s: Setting, rate: str = "hi", extra: Sequence[str] = ()) -> dic
 # -- the terminal summary -----------------------------------------------------------------------
 def _safe(s: Setting, max_kl: float) -> bool:
     return (s.sdc is not None and s.sdc.n == 0 and s.overhead is not None
-            and (s.kl is None or s.kl.mean < max_kl))
+            and not s.broken_windows and (s.kl is None or s.kl.mean < max_kl))
 
 
 def _describe(s: Setting) -> str:
@@ -124,84 +133,151 @@ def _describe(s: Setting) -> str:
         parts.append(f"overhead {fmt_num(s.overhead)}"
                      + (f" ({s.bytes_per_token:,.0f} B/token)" if s.bytes_per_token else ""))
     if s.kl is not None:
-        parts.append(f"KL {fmt_interval(s.kl, 2)}")
+        w = s.quality_windows
+        # A recomputed window is scored on the rebuilt cache: say so next to its KL.
+        redone = f" ({w.recomputed}/{w.total} windows recomputed)" if w and w.recomputed else ""
+        parts.append(f"KL {fmt_interval(s.kl, 2)}{redone}")
     parts.append(f"DUE {fmt_rate(s.due)}")
     return ", ".join(parts)
 
 
-def _unprotected(group: Sequence[Setting]) -> list[str]:
-    """What storage without rkv's protection did: raw cells if the sweep has them, else what
-    checksum-only cells caught (raw storage would have returned those blocks unchecked)."""
-    raw = [s for s in group if s.code == "raw" and s.sdc is not None]
-    if raw:
-        worst = max(raw, key=lambda s: s.sdc.rate if s.sdc else 0.0)
-        text = (f"  raw storage (no checksum, what peers do), {worst.bits} bits: silently "
-                f"wrong KV P(SDC) {fmt_rate(worst.sdc)}, analytic {fmt_num(worst.p_sdc, 2)}")
-        if worst.kl is not None:
-            text += f", KL {fmt_interval(worst.kl, 2)}"
-        return [text]
-    chk = [s for s in group if s.code.replace(" ", "") in CHECKSUM_ONLY and s.due]
-    if not chk:
+def _count(n: int, total: int) -> str:
+    return f"{n}/{total}"
+
+
+def _windows_text(s: Setting) -> str:
+    """What the setting's quality windows met and what came of it (measured counts)."""
+    w = s.quality_windows
+    if w is None:
+        return ""
+    parts = [f"quality windows: {_count(w.faulted, w.total)} met faults",
+             f"{w.corrected} corrected",
+             f"{w.recomputed} recomputed ({s.recomputed_tokens} tokens)"]
+    if w.wrong_kv is not None:
+        parts.append(f"{w.wrong_kv} returned wrong KV")
+    if w.degraded_blocks:
+        parts.append(f"{w.degraded_blocks} degraded blocks")
+    b = w.broken
+    parts.append(f"broken {b.n}/{b.total} [{fmt_num(b.lo, 2)}, {fmt_num(b.hi, 2)}]")
+    finite = w.total - b.n
+    kl = (f"KL {fmt_interval(s.kl, 2)} over {finite} finite window(s)" if finite
+          else "KL undefined (no finite window)")
+    return ", ".join(parts) + "; " + kl
+
+
+def _outcomes(name: str, s: Setting) -> str:
+    """One measured line: per-block SDC, DUE and degraded rates, then the windows."""
+    bits = [f"  {name}: SDC {fmt_rate(s.sdc)}, DUE {fmt_rate(s.due)}"]
+    if s.degraded is not None:
+        bits.append(f"degraded {fmt_rate(s.degraded)}")
+    text = ", ".join(bits)
+    win = _windows_text(s)
+    if win:
+        text += "\n      " + win
+    elif s.kl is not None:
+        text += f"; KL {fmt_interval(s.kl, 2)}"
+    return text
+
+
+def _raw_vs_rkv(group: Sequence[Setting]) -> list[str]:
+    """Raw storage against rkv at the same bits (16: the values as computed), each as
+    measured: per-block rates from the campaigns, then the quality windows."""
+    raw = [s for s in group if s.raw]
+    if not raw:
         return []
-    worst = max(chk, key=lambda s: s.due.rate if s.due else 0.0)
-    if not (worst.due and worst.due.n):
-        return []
-    return [f"  unprotected: with a checksum only ({worst.bits} bits), P(DUE) = "
-            f"{worst.due.rate:.2g} per block (detected, recomputed); raw storage, with no "
-            "checksum, would have returned those blocks as silently wrong KV"]
+    bits = raw[0].bits
+    out = [_outcomes(f"raw storage, {bits} bits (no checksum; DUE = the medium reported "
+                     "the loss)", raw[0])]
+    same = sorted((s for s in group if not s.raw and s.bits == bits),
+                  key=lambda s: s.overhead or 0.0)
+    out += [_outcomes(f"rkv {label(s)}", s) for s in same]
+    return out
+
+
+def _scope(group: Sequence[Setting]) -> str:
+    """The panel's fault model and multipliers, e.g. ``dram-ddr5; block rates at faults
+    x1000, quality windows at x30000``."""
+    c = group[0].config
+    parts = [str(c.get("preset") or "")]
+    mults = {s.config.get("ber_multiplier") for s in group}
+    if len(mults) == 1 and c.get("ber_multiplier"):
+        parts.append(f"block rates at faults x{c['ber_multiplier']:g}")
+    qm = {s.quality_multiplier for s in group if s.quality_multiplier is not None}
+    if len(qm) == 1:
+        parts.append(f"quality windows at x{next(iter(qm)):g}")
+    return "; ".join(p for p in parts if p)
 
 
 def summary(rows: Sequence[Mapping[str, Any]], *, max_kl: float = MAX_KL) -> str:
-    """What a new user should learn from this run, in a few plain lines per tier."""
+    """What a new user should learn from this run, in a few plain lines per tier: only what
+    the run measured (rates from its campaigns, counts and KL from its quality windows)."""
     sets = settings(rows)
     if not sets:
         return "no results"
     names = sorted({str(r["sweep"]) for r in rows})
     seeds = sorted({int(r["config"]["seed"]) for r in rows})
     out = [f"sweep {', '.join(names)}: {len(rows)} cells = {len(sets)} settings x "
-           f"{len(seeds)} seed(s) over tiers {', '.join(tiers(sets))}"]
+           f"{len(seeds)} seed(s) over {', '.join(tiers(sets))}"]
     if any(s.kl for s in sets):
         w = max(s.windows for s in sets)
         out.append(f"quality: {MODEL_NOTE}; KL in nats/token against its unmodified cache, "
-                   f"95 % CI over up to {w} windows")
+                   f"95 % t interval over the finite windows (up to {w}: wide)")
     safe_tiers, sdc_total, blocks = [], 0, 0
+    raw_sdc = raw_blocks = raw_wrong = raw_windows = raw_broken = 0
     for tier in tiers(sets):
         group = [s for s in sets if s.tier == tier]
-        rel = [s for s in group if s.sdc is not None and s.code != "raw"]
+        rel = [s for s in group if s.sdc is not None and not s.raw]
         sdc_total += sum(s.sdc.n for s in rel if s.sdc)
         blocks += sum(s.sdc.total for s in rel if s.sdc)
-        ok = sorted((s for s in group if _safe(s, max_kl) and s.code != "raw"),
+        for s in group:
+            if s.raw and s.sdc is not None:
+                raw_sdc += s.sdc.n
+                raw_blocks += s.sdc.total
+            if s.raw and s.quality_windows is not None:
+                raw_wrong += s.quality_windows.wrong_kv or 0
+                raw_windows += s.quality_windows.total
+                raw_broken += s.quality_windows.broken.n
+        scope = _scope(group)
+        out.append(f"{tier}" + (f" ({scope})" if scope else "") + ":")
+        ok = sorted((s for s in group if _safe(s, max_kl) and not s.raw),
                     key=lambda s: (s.overhead or 0.0, s.due.hi if s.due else 0.0))
         cond = "no SDC seen" + (f" and KL < {max_kl:g}" if any(s.kl for s in group) else "")
         if ok:
             safe_tiers.append(tier)
-            out.append(f"{tier}: cheapest with {cond}: {_describe(ok[0])}")
+            out.append(f"  cheapest with {cond}: {_describe(ok[0])}")
             if ok[0].due is not None and ok[0].due.n:
                 kept = [s for s in ok if s.due is not None and s.due.n == 0]
                 out.append("  " + (f"cheapest that also lost no block (no DUE seen): "
                                    f"{_describe(kept[0])}" if kept else
                                    "every such setting lost some blocks (DUE)"))
         elif rel:
-            out.append(f"{tier}: no setting has {cond}")
+            out.append(f"  no setting has {cond}")
         else:
-            out.append(f"{tier}: no reliability measured; cheapest: "
+            out.append("  no reliability measured; cheapest: "
                        + _describe(min(group, key=lambda s: s.overhead or 0.0)))
-        out += _unprotected(group)
-        bad = [s for s in rel if s.sdc and s.sdc.n and s.code != "raw"]
+        out += _raw_vs_rkv(group)
+        bad = [s for s in rel if s.sdc and s.sdc.n]
         if bad:
-            out.append(f"  SDC seen in {len(bad)} setting(s): "
+            out.append(f"  rkv SDC seen in {len(bad)} setting(s): "
                        + "; ".join(f"{label(s)} {fmt_rate(s.sdc)}" for s in bad[:4]))
     tiers_all = tiers(sets)
     if blocks and sdc_total == 0:
         verdict = (f"verdict: rkv returned no silently wrong KV in {blocks:,} fault-injected "
-                   f"block reads; {len(safe_tiers)} of {len(tiers_all)} tiers have a setting "
+                   f"block reads; {len(safe_tiers)} of {len(tiers_all)} panels have a setting "
                    "that is also cheap and accurate (listed above)")
     elif blocks:
-        verdict = (f"verdict: {sdc_total} silently wrong block(s) in {blocks:,} reads: check "
-                   "the settings listed with SDC before using them")
+        verdict = (f"verdict: rkv returned {sdc_total} silently wrong block(s) in "
+                   f"{blocks:,} fault-injected reads: check the settings listed with SDC")
     else:
         verdict = "verdict: this sweep measured no reliability; add 'reliability' to its metrics"
     out.append(verdict)
+    if raw_blocks:
+        line = (f"raw storage returned {raw_sdc} silently wrong block(s) in {raw_blocks:,} "
+                "fault-injected block reads")
+        if raw_windows:
+            line += (f", and wrong KV in {raw_wrong} of {raw_windows} quality windows "
+                     f"({raw_broken} broken)")
+        out.append(line)
     return "\n".join(out)
 
 

@@ -29,9 +29,13 @@ def objectives(s: Setting, rate: str = "hi") -> dict[str, float | None]:
 
 
 def tiers(sets: Iterable[Setting]) -> list[str]:
-    """Tier names, the default tiers first in their stacking order."""
-    names = {s.tier for s in sets}
-    return [t for t in TIER_ORDER if t in names] + sorted(names - set(TIER_ORDER))
+    """Panel names (tiers, or ``tier/preset``), the default tiers first in their stacking
+    order, each followed by its other presets; other names after them, sorted."""
+    def key(name: str) -> tuple[int, str]:
+        tier = name.split("/", 1)[0]
+        return (TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER), name)
+
+    return sorted({s.tier for s in sets}, key=key)
 
 
 def used_objectives(sets: Sequence[Setting], rate: str = "hi") -> tuple[str, ...]:

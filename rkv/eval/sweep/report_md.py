@@ -49,8 +49,17 @@ def _setting_row(s: Setting, extra: Sequence[str], front: set[str]) -> list[str]
                f"{s.bytes_per_token:,.0f}" if s.bytes_per_token is not None else "–",
                fmt_interval(s.kl), top1, fmt_interval(s.ppl), fmt_interval(s.delta_ppl),
                fmt_rate(s.sdc),
-               fmt_rate(s.due), fmt_num(s.p_due, 2), fmt_num(s.p_sdc, 2),
+               fmt_rate(s.due), fmt_num(s.p_due, 2), fmt_num(s.p_sdc, 2), _windows(s),
                "**yes**" if s.key in front else ""])
+
+
+def _windows(s: Setting) -> str:
+    """``faulted/recomputed/wrong KV/broken of N`` for the table (``–``: not measured)."""
+    w = s.quality_windows
+    if w is None:
+        return "–"
+    wrong = "–" if w.wrong_kv is None else str(w.wrong_kv)
+    return f"{w.faulted}/{w.recomputed}/{wrong}/{w.broken.n} of {w.total}"
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -82,9 +91,13 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
         "distributions (nats per token) from those of its unmodified KV cache, top-1 the "
         "same-top-token rate, perplexity on the scored tokens (its CI spans the windows' "
         "different texts; the paired change against the unmodified cache, Δ perplexity, is "
-        "the one to compare); each with a 95 % CI over the text windows. Seeds of one "
-        "setting are pooled (mean weighted by windows; the CI is "
-        "not narrowed by the number of seeds, which score the same windows).",
+        "the one to compare); each with a 95 % t interval over the finite text windows "
+        "(with 4 windows, wide). Faults are injected into the quality windows' stored KV "
+        "at each setting's quality multiplier; a window whose scores are not finite (raw KV "
+        "with a flipped exponent bit) is *broken*: counted with its 95 % Wilson interval "
+        "and left out of the means. Seeds of one setting are pooled (mean weighted by "
+        "windows; the CI is not narrowed by the number of seeds, which score the same "
+        "windows, and widened to the seeds' spread, with the t quantile, where larger).",
         "- Reliability: per-block rates of SDC (silently wrong data returned) and DUE "
         "(detected, uncorrectable: the blocks are recomputed) through rkv's real read path, with "
         "95 % Wilson intervals on the counts pooled over seeds; \"0/N (≤ x)\" means none was "
@@ -109,14 +122,22 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
             text += ["Also as " + ", ".join(f"[{_rel(f, out)}]({_rel(f, out)})"
                                            for f in others) + ".", ""]
         text += [
-            "How to read `pareto`: one panel per tier; each point is a setting (bits and code, "
-            "e.g. `4b rs223` = 4-bit KIVI KV protected by rs(255,223), `chk` = checksum only). "
-            "Left is cheaper to store, down is closer to the unmodified model (the y axis is "
-            "linear below 1e-5, logarithmic above). Colour is log10 P(SDC); an open marker "
-            "saw no SDC and is coloured at its 95 % upper bound. A triangle saw DUE: those "
-            "blocks were detected and recomputed, which costs time, not quality. Circled "
-            "points are Pareto-optimal; the step line is the front among settings that saw "
-            "no SDC. `reliability` shows the DUE and SDC rates themselves.", ""]
+            "How to read `pareto`: one panel per tier (or tier and fault preset); each point is "
+            "a setting, its marker and colour its protection: raw storage (no check: the KV "
+            "comes back as the medium left it), rkv with a checksum only (`chk`), with a code "
+            "(`rs239` = rs(255,239), `shard16+2` = shardrs(k=16,m=2)), or planned per block. "
+            "Each bit-width's group is labelled once above it. x is the stored bytes per token "
+            "(log; left is cheaper), y the KL of the quality windows, which met faults at the "
+            "multiplier in the panel's title (linear below 1e-4, logarithmic above; down is "
+            "better), with its 95 % t interval over the finite windows; the title also says "
+            "what raw storage's windows met (faults, wrong KV, recomputes, broken windows: "
+            "non-finite scores, left out of its KL). A DUE is charged as its recompute: the "
+            "window is scored on the rebuilt cache. Ringed points are Pareto-optimal. "
+            "`reliability` shows the per-block rates of the campaigns per protection and "
+            "bits: red SDC, blue DUE (for raw storage: the medium reported the loss), filled "
+            "with its 95 % Wilson interval where seen; where none was seen, an open grey "
+            "marker with a downward caret at the 95 % upper bound (the rate is at most "
+            "that).", ""]
     text += ["## Pareto-optimal settings", ""]
     for tier in tiers(sets):
         group = [s for s in front_list if s.tier == tier]
@@ -138,7 +159,8 @@ def markdown(rows: Sequence[Mapping[str, Any]], sets: Sequence[Setting],
                        key=lambda s: (-(s.bits or 0), s.code, s.overhead or 0.0))
         header = (["bits", "code", *extra, "seeds", "overhead", "bytes/token", "KL (nats)",
                    "top-1", "perplexity", "Δ perplexity (paired)", "P(SDC) seen",
-                   "P(DUE) seen", "P(DUE) analytic", "P(SDC) analytic", "Pareto"])
+                   "P(DUE) seen", "P(DUE) analytic", "P(SDC) analytic",
+                   "windows: faults/recomputed/wrong KV/broken", "Pareto"])
         ref = next((s.ppl_ref for s in group if s.ppl_ref is not None), None)
         text += [f"### {_cell(tier)}", ""]
         if ref is not None:

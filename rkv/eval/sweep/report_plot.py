@@ -1,11 +1,16 @@
-"""The figures of ``rkv report``: quality loss against storage overhead coloured by reliability,
-and unreliability against storage overhead; one panel per tier.
+"""The figures of ``rkv report``, one panel per tier (or tier and fault preset):
 
-Rates of zero cannot go on a log scale, and a zero seen in a few thousand blocks is not zero:
-such a point is drawn at its 95 % upper bound with an open marker. matplotlib is imported
-here only (Agg backend), so that the rest of the report works where it is not installed: it
-is an extra (``rkv[plots]``), and without it ``rkv report`` writes ``report.md`` and says
-how to get the figures (:data:`NO_MATPLOTLIB`).
+* ``pareto``: quality loss (KL, 95 % t interval over the finite windows) against stored
+  bytes per token; raw storage and every rkv protection are their own marker and colour, so
+  raw is read against rkv at the same bytes; the title says what raw's quality windows met;
+* ``reliability``: the per-block SDC and DUE rates (95 % Wilson intervals) of every setting,
+  grouped by protection (raw first), bits within a group.
+
+A rate with no event seen is not zero: it is drawn at its 95 % upper bound as an open grey
+marker with a downward caret (the truth is at or below it), never in the colour of a
+measured rate. matplotlib is imported here only (Agg backend), so that the rest of the
+report works where it is not installed: it is an extra (``rkv[plots]``), and without it
+``rkv report`` writes ``report.md`` and says how to get the figures (:data:`NO_MATPLOTLIB`).
 """
 
 from __future__ import annotations
@@ -16,12 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from rkv.errors import ConfigError
-from rkv.eval.sweep.report_fmt import MODEL_NOTE, label, tiers, varying
+from rkv.eval.sweep.report_fmt import MODEL_NOTE, short_code, tiers
 from rkv.eval.sweep.report_rows import Rate, Setting
 
-XLABEL = "storage overhead: stored bytes/token ÷ fp16 − 1"
 #: What the report says instead of drawing its figures when matplotlib is not installed.
 NO_MATPLOTLIB = "figures not drawn: matplotlib is not installed (pip install 'rkv[plots]')"
+#: Artist ids the tests (and anyone post-processing an SVG) can find the kinds of points by.
+GID_MEASURED, GID_BOUND, GID_CARET = "measured", "upper-bound", "upper-bound-caret"
+BOUND_COLOUR = "0.45"
+#: Protection -> (marker, colour); codes not listed take the spare styles in turn.
+_STYLES = {"raw": ("X", "black"), "chk": ("o", "tab:blue"), "rs239": ("s", "tab:green"),
+           "shard16+2": ("D", "tab:purple"), "planned": ("*", "tab:orange")}
+_SPARE = [("P", "tab:brown"), ("h", "tab:cyan"), ("v", "tab:olive"), ("<", "tab:pink"),
+          (">", "tab:gray")]
+_NAMES = {"raw": "raw storage (no check)", "chk": "rkv, checksum only",
+          "planned": "rkv, planned per block"}
 
 
 def have_matplotlib() -> bool:
@@ -50,9 +64,25 @@ def _tex(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _shown(r: Rate) -> tuple[float, bool]:
-    """Where a rate is drawn, and whether it was observed (False: drawn at its upper bound)."""
-    return (r.rate, True) if r.n else (r.hi, False)
+def protection(s: Setting) -> str:
+    """The setting's protection as the figures name it: ``raw``, ``planned`` or its short
+    code (``chk``, ``rs239``, ``shard16+2``)."""
+    if s.raw or s.bits is None:
+        return "raw" if s.raw else "planned"
+    return short_code(s.code)
+
+
+def _order(sets: Sequence[Setting]) -> list[str]:
+    """Protections in drawing order: raw, checksum only, the codes as met, planned."""
+    seen = list(dict.fromkeys(protection(s) for s in sets))
+    first = [p for p in ("raw", "chk") if p in seen]
+    return first + [p for p in seen if p not in (*first, "planned")] + (
+        ["planned"] if "planned" in seen else [])
+
+
+def _styles(sets: Sequence[Setting]) -> dict[str, tuple[str, str]]:
+    spare = iter(_SPARE * 4)
+    return {p: _STYLES.get(p) or next(spare) for p in _order(sets)}
 
 
 def _save(fig: Any, stem: Path, formats: Sequence[str]) -> list[Path]:
@@ -66,174 +96,216 @@ def _save(fig: Any, stem: Path, formats: Sequence[str]) -> list[Path]:
 
 
 def _grid(plt: Any, n: int) -> tuple[Any, list[Any]]:
-    cols = min(n, 3)
+    cols = min(n, 2)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.4 * cols, 4.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.4 * rows), squeeze=False)
     flat = [a for row in axes for a in row]
     for a in flat[n:]:
         a.set_visible(False)
     return fig, flat[:n]
 
 
-def _title(group: Sequence[Setting], tier: str) -> str:
+def _scope(group: Sequence[Setting], tier: str) -> str:
+    """``tier (preset; faults x1000, quality windows x3e4)``."""
     c = group[0].config
-    bits = [tier]
-    if len({s.config.get("preset") for s in group}) == 1 and c.get("preset"):
+    bits = []
+    if len({s.config.get("preset") for s in group}) == 1 and c.get("preset") and \
+            "/" not in tier:
         bits.append(str(c["preset"]))
     if len({s.config.get("ber_multiplier") for s in group}) == 1 and c.get("ber_multiplier"):
-        bits.append(f"fault rates x{c['ber_multiplier']:g}")
-    return _tex(", ".join(bits))
+        bits.append(f"faults x{c['ber_multiplier']:g}")
+    qm = {s.quality_multiplier for s in group if s.quality_multiplier is not None}
+    if len(qm) == 1:
+        bits.append(f"quality windows x{next(iter(qm)):g}")
+    return _tex(tier + (f" ({'; '.join(bits)})" if bits else ""))
+
+
+def bound_marker(ax: Any, x: float, y: float, marker: str, size: float = 30.0) -> None:
+    """A zero-event rate: an open grey marker at its 95 % upper bound ``y`` with a caret
+    pointing down (the rate is at most this)."""
+    ax.scatter([x], [y], marker=marker, s=size, facecolors="none", edgecolors=BOUND_COLOUR,
+               linewidths=0.9, zorder=2, gid=GID_BOUND)
+    ax.plot([x, x], [y, y / 2.5], color=BOUND_COLOUR, lw=0.7, zorder=1, gid=GID_CARET)
+    ax.plot([x], [y / 2.5], marker=7, ms=3.5, color=BOUND_COLOUR, ls="", zorder=1,
+            gid=GID_CARET)
+
+
+# -- quality against bytes --------------------------------------------------------------------
+def _raw_line(group: Sequence[Setting]) -> str:
+    """What raw storage's quality windows met, for the panel's title."""
+    raw = [s for s in group if s.raw and s.quality_windows is not None]
+    if not raw:
+        return ""
+    w = raw[0].quality_windows
+    assert w is not None
+    wrong = "" if w.wrong_kv is None else f", {w.wrong_kv} got wrong KV"
+    return (f"raw: {w.faulted}/{w.total} windows met faults{wrong}, {w.recomputed} "
+            f"recomputed, {w.broken.n}/{w.total} broken (non-finite)")
 
 
 def _x(s: Setting, cost: bool) -> float:
-    return float(s.overhead if cost and s.overhead is not None else (s.bits or 0))
+    if cost and s.bytes_per_token is not None:
+        return float(s.bytes_per_token)
+    return float(s.bits or 0)
 
 
-def _labels(fig: Any, ax: Any, pts: Sequence[tuple[Setting, float, float]],
-            extra: Sequence[str], by: str = "bits") -> None:
-    """Label points compactly: settings with the same ``by`` (bits for quality, code for
-    rates) sit close together, so their labels are stacked in a column right of the group,
-    each with a thin leader line to its point."""
+def figure_pareto(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
+    """Quality loss against stored bytes per token (see the module docstring): the figure."""
     from matplotlib.transforms import offset_copy
 
-    groups: dict[Any, list[tuple[Setting, float, float]]] = {}
-    for p in pts:
-        groups.setdefault(p[0].config.get(by), []).append(p)
-    for group in groups.values():
-        group.sort(key=lambda p: (p[1], p[2]))
-        right = max(p[1] for p in group)
-        base = max(p[2] for p in group)
-        for j, (s, x, y) in enumerate(group):
-            where = offset_copy(ax.transData, fig=fig, x=10, y=2 + 7.5 * j, units="points")
-            ax.annotate(_tex(label(s, extra)), (x, y), xytext=(right, base), textcoords=where,
-                        fontsize=5.5, color="0.2", va="bottom",
-                        arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "0.6",
-                                    "shrinkA": 0, "shrinkB": 3})
-    xs = [p[1] for p in pts]
-    if xs:
-        span = (max(xs) - min(xs)) or 1.0
-        ax.set_xlim(min(xs) - 0.05 * span, max(xs) + 0.25 * span)
-    tops = [p[2] for p in pts]
-    if tops and max(tops) > 0:
-        ax.set_ylim(top=max(tops) * 12)
+    names = tiers(sets)
+    fig, axes = _grid(plt, len(names))
+    styles = _styles(sets)
+    order = list(styles)
+    for ax, tier in zip(axes, names, strict=True):
+        group = [s for s in sets if s.tier == tier]
+        cost = any(s.bytes_per_token is not None for s in group)
+        pts = [s for s in group if s.kl is not None and math.isfinite(s.kl.mean)
+               and (s.bytes_per_token is not None or not cost)]
+        notes = [_raw_line(group)]
+        undefined = [s for s in group if s.kl is not None and not math.isfinite(s.kl.mean)]
+        if undefined:
+            notes.append(f"KL undefined (every window broken): "
+                         f"{', '.join(protection(s) for s in undefined)}")
+        if not any(s.kl is not None for s in group):
+            notes.append("no quality metric in this sweep: see the reliability figure")
+        clusters: dict[str, list[tuple[float, float]]] = {}
+        for s in pts:
+            assert s.kl is not None
+            x, y = _x(s, cost), max(s.kl.mean, 0.0)
+            hi = max(s.kl.hi, y) if math.isfinite(s.kl.hi) else y
+            lo = min(max(s.kl.lo, 0.0), y) if math.isfinite(s.kl.lo) else y
+            marker, colour = styles[protection(s)]
+            # Protections of one bit-width store nearly the same bytes: each is drawn a few
+            # points aside (in its legend order) so that no marker hides another.
+            dx = 6.0 * (order.index(protection(s)) - (len(order) - 1) / 2)
+            at = offset_copy(ax.transData, fig=fig, x=dx, y=0, units="points")
+            ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="none", ecolor=colour,
+                        alpha=0.6, elinewidth=0.8, capsize=2, zorder=1, transform=at)
+            ax.scatter([x], [y], s=70 if marker == "*" else 34, marker=marker, color=colour,
+                       zorder=3, gid=GID_MEASURED, transform=at)
+            if s.key in front:
+                ax.scatter([x], [y], s=120, marker="o", facecolors="none", edgecolors="k",
+                           linewidths=0.6, zorder=2, transform=at)
+            if s.bits is None:     # planned bytes fall between bit-widths: labelled aside
+                ax.annotate("planned", (x, y), xytext=(dx + 7, 0), textcoords="offset points",
+                            ha="left", va="center", fontsize=6.5, color="0.25")
+            else:
+                clusters.setdefault(f"{s.bits}b", []).append((x, hi))
+        tops = [(_x(s, cost), max(s.kl.hi, s.kl.mean)) for s in pts if s.kl is not None
+                and math.isfinite(s.kl.hi)]
+        for name, xy in clusters.items():
+            # One label per bit-width, above the highest interval in its group's span (a
+            # planned point's included): never on a marker or an error bar.
+            x = math.exp(sum(math.log(max(p[0], 1e-9)) for p in xy) / len(xy))
+            left, right = min(p[0] for p in xy) / 1.05, max(p[0] for p in xy) * 1.05
+            top = max([p[1] for p in xy] + [t for u, t in tops if left <= u <= right])
+            ax.annotate(name, (x, top), xytext=(0, 5), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=6.5, color="0.25")
+        ax.set_yscale("symlog", linthresh=1e-4)
+        if cost:
+            ax.set_xscale("log")
+        xs = [_x(s, cost) for s in pts]
+        if xs:       # points drawn with an offset transform do not move the data limits
+            lo_x, hi_x = min(xs), max(xs)
+            ax.set_xlim(*((lo_x / 1.2, hi_x * 1.2) if cost and lo_x > 0
+                          else (lo_x - 1.0, hi_x + 1.0)))
+        if pts:
+            ax.set_ylim(bottom=-0.2e-4, top=max(max(s.kl.hi if s.kl and math.isfinite(s.kl.hi)
+                                                    else 0.0 for s in pts) * 8, 1e-3))
+        ax.set_xlabel("stored bytes per token (log)" if cost else "bits per value")
+        ax.set_ylabel("KL (nats/token), 95 % t interval")
+        line = "; ".join(n for n in notes if n)
+        ax.set_title(_scope(group, tier) + ("\n" + _tex(line) if line else ""), fontsize=7.5)
+        ax.grid(True, which="major", lw=0.3, alpha=0.5)
+    handles = [plt.Line2D([], [], ls="", marker=m, color=c, label=_NAMES.get(p, f"rkv, {p}"))
+               for p, (m, c) in styles.items()]
+    handles.append(plt.Line2D([], [], ls="", marker="o", ms=9, mfc="none", mec="k",
+                              label="Pareto-optimal"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, -0.03))
+    fig.suptitle(f"Quality loss vs stored bytes, raw storage vs rkv, faults in the quality "
+                 f"windows; {MODEL_NOTE}; y linear below 1e-4", fontsize=8.5)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.97))
+    return fig
 
 
-def _code_labels(fig: Any, ax: Any, pts: Sequence[tuple[Setting, float, float]],
-                 extra: Sequence[str]) -> None:
-    """Rates depend mostly on the code: each point gets its bits, each code one label right of
-    its rightmost point (labels at nearly the same height are stacked)."""
-    from matplotlib.transforms import offset_copy
-
-    groups: dict[str, list[tuple[Setting, float, float]]] = {}
-    for s, x, y in pts:
-        ax.annotate(str(s.bits), (x, y), xytext=(0, -7), textcoords="offset points",
-                    fontsize=5, color="0.35", ha="center", va="top")
-        name = label(s, extra).split(" ", 1)[1]
-        groups.setdefault(name, []).append((s, x, y))
-    ends = sorted(((max((p[1], p[2]) for p in g), name) for name, g in groups.items()),
-                  key=lambda e: e[0][1])
-    clusters: list[list[tuple[tuple[float, float], str]]] = []
-    for end in ends:                # labels less than ~0.15 decade apart share a column
-        if clusters and math.log10(end[0][1]) - math.log10(clusters[-1][-1][0][1]) < 0.15:
-            clusters[-1].append(end)
-        else:
-            clusters.append([end])
-    for cl in clusters:
-        for j, ((x, y), name) in enumerate(cl):
-            where = offset_copy(ax.transData, fig=fig, x=8, y=7.5 * (j - (len(cl) - 1) / 2) - 3,
-                                units="points")
-            ax.annotate(_tex(name), (x, y), xytext=(x, y), textcoords=where, fontsize=6,
-                        color="0.15")
-    xs = [p[1] for p in pts]
-    if xs:
-        span = (max(xs) - min(xs)) or 1.0
-        ax.set_xlim(min(xs) - 0.05 * span, max(xs) + 0.2 * span)
+# -- reliability per protection ---------------------------------------------------------------
+def _rate_point(ax: Any, x: float, r: Rate, marker: str, colour: str) -> None:
+    """A measured rate (filled, with its Wilson interval) or a zero-event upper bound."""
+    if r.n == 0:
+        if r.hi > 0:
+            bound_marker(ax, x, r.hi, marker)
+        return
+    # A rate scaled by P(any fault) can sit just above its Wilson bound.
+    ax.errorbar([x], [r.rate], yerr=[[max(r.rate - r.lo, 0.0)], [max(r.hi - r.rate, 0.0)]],
+                fmt="none", ecolor=colour, elinewidth=0.9, capsize=2, zorder=1)
+    ax.scatter([x], [r.rate], marker=marker, s=30, color=colour, zorder=3, gid=GID_MEASURED)
 
 
-def _note(ax: Any, lines: list[str]) -> None:
-    if lines:
-        ax.text(0.01, 0.01, _tex("; ".join(lines)), transform=ax.transAxes, fontsize=6.5,
-                va="bottom", color="0.35", wrap=True)
+#: outcome, marker, colour, offset from the setting's x (so that two bounds never overlap).
+OUTCOME_STYLE = (("sdc", "o", "tab:red", -0.2), ("due", "^", "tab:blue", 0.2),
+                 ("degraded", "d", "tab:olive", 0.0))
+
+
+def figure_reliability(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
+    """Per-block SDC, DUE and degraded rates per protection and bits: the figure."""
+    del front            # every setting is drawn the same: rates are not a front
+    names = tiers(sets)
+    fig, axes = _grid(plt, len(names))
+    for ax, tier in zip(axes, names, strict=True):
+        group = [s for s in sets if s.tier == tier and s.sdc is not None and s.due is not None]
+        ticks: list[float] = []
+        labels: list[str] = []
+        x = 0.0
+        prots = _order(group)
+        for k, prot in enumerate(prots):
+            members = sorted((s for s in group if protection(s) == prot),
+                             key=lambda s: -(s.bits or 0))
+            start = x
+            for s in members:
+                for outcome, marker, colour, dx in OUTCOME_STYLE:
+                    r = getattr(s, outcome)
+                    if r is not None and (outcome != "degraded" or r.n):
+                        _rate_point(ax, x + dx, r, marker, colour)
+                ticks.append(x)
+                labels.append("mix" if s.bits is None else str(s.bits))
+                x += 1.0
+            ax.text((start + x - 1.0) / 2, -0.085, prot, transform=ax.get_xaxis_transform(),
+                    ha="center", va="top", fontsize=7, color="0.15")
+            if k < len(prots) - 1:          # a gap and a rule between protections
+                ax.axvline(x - 0.25, color="0.85", lw=0.6, zorder=0)
+                x += 0.5
+        ax.set_xticks(ticks, labels, fontsize=6.5)
+        ax.set_xlim(-0.7, max(x - 0.3, 0.7))
+        ax.set_yscale("log")
+        ax.set_xlabel("bits per value, by protection", labelpad=20)
+        ax.set_ylabel("per-block rate, 95 % Wilson interval")
+        ax.set_title(_scope(group or [s for s in sets if s.tier == tier], tier)
+                     + ("" if group else "\nno reliability metric for this tier"),
+                     fontsize=7.5)
+        ax.grid(True, axis="y", which="major", lw=0.3, alpha=0.5)
+    handles = [
+        plt.Line2D([], [], ls="", marker="o", color="tab:red", label="SDC: wrong data, unflagged"),
+        plt.Line2D([], [], ls="", marker="^", color="tab:blue",
+                   label="DUE: detected, recomputed (raw: the medium reported it)"),
+        *([plt.Line2D([], [], ls="", marker="d", color="tab:olive", label="degraded")]
+          if any(s.degraded is not None and s.degraded.n for s in sets) else []),
+        plt.Line2D([], [], ls="", marker=7, mfc="none", mec=BOUND_COLOUR, color=BOUND_COLOUR,
+                   label="open grey + caret: none seen, 95 % upper bound"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, -0.03))
+    fig.suptitle("Per-block outcomes of the fault campaigns, raw storage vs rkv "
+                 "(fault rates as configured per tier)", fontsize=8.5)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.97))
+    return fig
 
 
 def plot_pareto(plt: Any, sets: Sequence[Setting], front: set[str], stem: Path,
                 formats: Sequence[str]) -> list[Path]:
-    """KL (with its CI) against overhead, colour = log10 P(SDC), marker = DUE seen or not."""
-    names = tiers(sets)
-    fig, axes = _grid(plt, len(names))
-    shown = [_shown(s.sdc)[0] for s in sets if s.sdc is not None]
-    logs = [math.log10(v) for v in shown if v > 0]
-    lo, hi = (min(logs), max(logs)) if logs else (-6.0, -1.0)
-    norm = plt.Normalize(lo - 0.5, hi + 0.5) if hi - lo < 1 else plt.Normalize(lo, hi)
-    cmap = plt.get_cmap("plasma")
-    for ax, tier in zip(axes, names, strict=True):
-        group = [s for s in sets if s.tier == tier]
-        extra = varying(sets, tier)
-        cost = any(s.overhead is not None for s in group)
-        have_q = any(s.kl is not None for s in group)
-        notes = []
-        if not cost:
-            notes.append("no cost metric: x is bits")
-        if not any(s.sdc is not None for s in group):
-            notes.append("no reliability metric: grey")
-        pts = [s for s in group if s.kl is not None and math.isfinite(s.kl.mean)
-               and (s.overhead is not None or not cost)]
-        if not have_q:
-            notes.append("no quality metric in this sweep: see the reliability figure")
-        elif len(pts) < len(group):
-            notes.append(f"{len(group) - len(pts)} setting(s) without quality, cost or with "
-                         "undefined KL not shown")
-        for s in pts:
-            assert s.kl is not None
-            x, y = _x(s, cost), max(s.kl.mean, 0.0)
-            err = [[max(y - max(s.kl.lo, 0.0), 0.0)], [max(s.kl.hi - y, 0.0)]]
-            ax.errorbar([x], [y], yerr=err, fmt="none", ecolor="0.6", elinewidth=0.8,
-                        capsize=2, zorder=1)
-            if s.sdc is not None:
-                v, seen = _shown(s.sdc)
-                colour = cmap(norm(math.log10(v))) if v > 0 else cmap(norm(lo))
-            else:
-                colour, seen = (0.6, 0.6, 0.6, 1.0), True
-            marker = "^" if s.due is not None and s.due.n else "o"
-            ax.scatter([x], [y], s=46, marker=marker, zorder=3, linewidths=1.4,
-                       facecolors=colour if seen else "none", edgecolors=colour)
-            if s.key in front:
-                ax.scatter([x], [y], s=130, marker="o", facecolors="none", edgecolors="k",
-                           linewidths=0.8, zorder=2)
-        ax.set_yscale("symlog", linthresh=1e-5)
-        _labels(fig, ax, [(s, _x(s, cost), max(s.kl.mean if s.kl else 0.0, 0.0)) for s in pts],
-                extra)
-        line = sorted((s for s in pts if s.key in front and (s.sdc is None or s.sdc.n == 0)),
-                      key=lambda s: (_x(s, cost), s.kl.mean if s.kl else 0.0))
-        xs: list[float] = []
-        ys: list[float] = []
-        for s in line:
-            y = max(s.kl.mean if s.kl else 0.0, 0.0)
-            if not ys or y < ys[-1]:
-                xs.append(_x(s, cost))
-                ys.append(y)
-        if xs:
-            ax.step(xs, ys, where="post", color="k", lw=0.9, alpha=0.7, zorder=0,
-                    label="Pareto front, no SDC seen")
-        ax.set_xlabel(XLABEL if cost else "bits per value")
-        ax.set_ylabel("quality loss: KL (nats/token), 95 % CI")
-        ax.set_title(_title(group, tier))
-        ax.grid(True, which="major", lw=0.3, alpha=0.5)
-        _note(ax, notes)
-    proxies = [
-        plt.Line2D([], [], ls="", marker="o", mfc="0.5", mec="0.5", label="no DUE seen"),
-        plt.Line2D([], [], ls="", marker="^", mfc="0.5", mec="0.5", label="DUE seen"),
-        plt.Line2D([], [], ls="", marker="o", mfc="none", mec="0.5",
-                   label="no SDC seen (colour: 95 % upper bound)"),
-        plt.Line2D([], [], ls="", marker="o", ms=10, mfc="none", mec="k", label="Pareto-optimal"),
-        plt.Line2D([], [], color="k", lw=0.9, label="front among settings with no SDC seen"),
-    ]
-    fig.legend(handles=proxies, loc="lower center", ncol=5, fontsize=7, frameon=False,
-               bbox_to_anchor=(0.5, -0.02))
-    sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
-    fig.colorbar(sm, ax=axes, shrink=0.8, pad=0.01,
-                 label="log10 P(SDC) per block (open marker: none seen, upper bound)")
-    fig.suptitle(f"Quality loss vs storage overhead; {MODEL_NOTE}", fontsize=9)
+    """:func:`figure_pareto`, saved in every format."""
+    fig = figure_pareto(plt, sets, front)
     try:
         return _save(fig, stem, formats)
     finally:
@@ -242,48 +314,8 @@ def plot_pareto(plt: Any, sets: Sequence[Setting], front: set[str], stem: Path,
 
 def plot_reliability(plt: Any, sets: Sequence[Setting], front: set[str], stem: Path,
                      formats: Sequence[str]) -> list[Path]:
-    """P(DUE) and P(SDC) per block against overhead (log scale, open: none seen)."""
-    names = tiers(sets)
-    fig, axes = _grid(plt, len(names))
-    for ax, tier in zip(axes, names, strict=True):
-        group = [s for s in sets if s.tier == tier]
-        cost = any(s.overhead is not None for s in group)
-        extra = varying(sets, tier)
-        pts = [s for s in group if s.sdc is not None and s.due is not None
-               and (s.overhead is not None or not cost)]
-        for s in pts:
-            x = _x(s, cost)
-            for r, colour, marker in ((s.due, "tab:blue", "^"), (s.sdc, "tab:red", "o")):
-                assert r is not None
-                v, seen = _shown(r)
-                if v <= 0:
-                    continue
-                # A rate scaled by P(any fault) can sit just above its Wilson bound.
-                ax.errorbar([x], [v], yerr=[[max(v - r.lo, 0.0) if seen else 0.0],
-                                            [max(r.hi - v, 0.0)]],
-                            fmt="none", ecolor=colour, alpha=0.35, elinewidth=0.8, zorder=1)
-                ax.scatter([x], [v], marker=marker, s=40 if s.key in front else 22,
-                           facecolors=colour if seen else "none", edgecolors=colour, zorder=2)
-        ax.set_yscale("log")
-        _code_labels(fig, ax, [(s, _x(s, cost), _shown(s.due)[0]) for s in pts
-                               if s.due is not None and _shown(s.due)[0] > 0], extra)
-        ax.set_xlabel(XLABEL if cost else "bits per value")
-        ax.set_ylabel("per-block rate (95 % CI)")
-        ax.set_title(_title(group, tier))
-        ax.grid(True, which="major", lw=0.3, alpha=0.5)
-        _note(ax, [] if pts else ["no reliability metric for this tier"])
-    proxies = [
-        plt.Line2D([], [], ls="", marker="^", color="tab:blue", label="DUE (detected, recomputed)"),
-        plt.Line2D([], [], ls="", marker="o", color="tab:red", label="SDC (silently wrong)"),
-        plt.Line2D([], [], ls="", marker="o", mfc="none", mec="0.4",
-                   label="none seen: 95 % upper bound"),
-        plt.Line2D([], [], ls="", marker="o", ms=8, color="0.4", label="large: Pareto-optimal"),
-    ]
-    fig.legend(handles=proxies, loc="lower center", ncol=4, fontsize=7, frameon=False,
-               bbox_to_anchor=(0.5, -0.02))
-    fig.suptitle("Unreliability vs storage overhead (fault rates as configured per tier)",
-                 fontsize=9)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
+    """:func:`figure_reliability`, saved in every format."""
+    fig = figure_reliability(plt, sets, front)
     try:
         return _save(fig, stem, formats)
     finally:

@@ -16,6 +16,7 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,16 @@ def _check_quality(q: dict[str, Any]) -> None:
     if q.get("delta_ppl") is not None:
         _interval(q["delta_ppl"], "quality.delta_ppl")
     _num(q.get("ppl_ref"), "quality.ppl_ref", null=True)
-    for k in ("due_blocks", "recomputed_tokens"):
+    _num(q.get("ber_multiplier"), "quality.ber_multiplier", lo=0.0, null=True)
+    for k in ("due_blocks", "recomputed_tokens", "faulted_windows", "recomputed_windows",
+              "corrected_windows", "degraded_blocks"):
         _int(q.get(k, 0), f"quality.{k}")
+    if q.get("wrong_kv_windows") is not None:
+        _int(q["wrong_kv_windows"], "quality.wrong_kv_windows")
+    if q.get("broken") is not None:
+        b = _dict(q["broken"], "quality.broken")
+        if _int(b.get("n"), "quality.broken.n") > _int(b.get("total"), "quality.broken.total"):
+            raise ValueError("quality.broken: more broken windows than windows")
 
 
 def _check_cost(c: dict[str, Any]) -> None:
@@ -216,8 +225,25 @@ class Rate:
 
 
 @dataclass(frozen=True)
+class Windows:
+    """What the quality windows of a setting met, summed over its seeds: windows whose
+    stored blocks met a fault, whose read was corrected, that were recomputed after a DUE,
+    whose KV came back wrong (``None``: lossy cells, where that is not measured), and whose
+    scores were not finite (``broken``, with its 95 % Wilson interval)."""
+
+    total: int
+    faulted: int
+    corrected: int
+    recomputed: int
+    wrong_kv: int | None
+    broken: Rate
+    degraded_blocks: int
+
+
+@dataclass(frozen=True)
 class Setting:
-    """One point of the grid: the pooled results of its seeds."""
+    """One point of the grid: the pooled results of its seeds. ``tier`` is the panel it is
+    reported in: its tier, or ``tier/preset`` when the preset is not the tier's default."""
 
     tier: str
     config: dict[str, Any]          # the rows' config without "seed"
@@ -240,6 +266,18 @@ class Setting:
     raw_bytes_per_token: float | None
     put_gbps: float | None
     get_gbps: float | None
+    degraded: Rate | None = None
+    quality_windows: Windows | None = None
+    quality_multiplier: float | None = None       # the quality windows' fault multiplier
+
+    @property
+    def raw(self) -> bool:
+        """Raw storage: the bare values, nothing verified."""
+        return self.config.get("code") == "raw"
+
+    @property
+    def broken_windows(self) -> int:
+        return self.quality_windows.broken.n if self.quality_windows else 0
 
     @property
     def bits(self) -> int | None:
@@ -300,7 +338,10 @@ def _pool_interval(parts: Sequence[tuple[Mapping[str, Any], int]]) -> Interval:
     below = sum((m - lo) * w for m, lo, _, w in vals) / wsum
     above = sum((hi - m) * w for m, _, hi, w in vals) / wsum
     if len(vals) > 1:
-        spread = 1.96 * _stdev([m for m, *_ in vals]) / math.sqrt(len(vals))
+        from rkv.eval.stats import t_quantile
+
+        k = len(vals)       # seeds: few, so Student's t, not the normal 1.96
+        spread = t_quantile(0.975, k - 1) * _stdev([m for m, *_ in vals]) / math.sqrt(k)
         below, above = max(below, spread), max(above, spread)
     return Interval(mean, mean - below, mean + above)
 
@@ -320,18 +361,55 @@ def settings(rows: Sequence[Mapping[str, Any]]) -> list[Setting]:
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for r in rows:
         cfg = {k: v for k, v in r["config"].items() if k != "seed"}
-        groups.setdefault((str(cfg["tier"]), canonical(cfg)), []).append(r)
+        groups.setdefault((panel(cfg), canonical(cfg)), []).append(r)
     return [_setting(tier, text, grp) for (tier, text), grp in groups.items()]
+
+
+def panel(config: Mapping[str, Any]) -> str:
+    """The name a setting is reported under: its tier, or ``tier/preset`` when its fault
+    preset is not the tier's default one (so that, e.g., dram with dram-ddr5 and dram with
+    raw-ber are compared separately)."""
+    tier, preset = str(config["tier"]), config.get("preset")
+    if preset is None or preset == _default_presets().get(tier, preset):
+        return tier
+    return f"{tier}/{preset}"
+
+
+@cache
+def _default_presets() -> dict[str, str]:
+    from rkv.store.config import default_tiers
+
+    return {t.name: str(t.fault_model) for t in default_tiers()}
+
+
+def _windows(qual: Sequence[Mapping[str, Any]]) -> Windows | None:
+    """The window counts of the rows that report them (None if none does)."""
+    have = [x for x in qual if x.get("broken") is not None]
+    if not have:
+        return None
+    total = sum(int(x["broken"]["total"]) for x in have)
+    n = sum(int(x["broken"]["n"]) for x in have)
+    lo, hi = wilson(n, total)
+    rate = n / total if total else 0.0
+    wrong = [x.get("wrong_kv_windows") for x in have]
+    return Windows(total, sum(int(x.get("faulted_windows", 0)) for x in have),
+                   sum(int(x.get("corrected_windows", 0)) for x in have),
+                   sum(int(x.get("recomputed_windows", 0)) for x in have),
+                   None if any(w is None for w in wrong) else sum(int(w or 0) for w in wrong),
+                   Rate(n, total, rate, min(lo, rate), max(hi, rate), True),
+                   sum(int(x.get("degraded_blocks", 0)) for x in have))
 
 
 def _setting(tier: str, text: str, grp: Sequence[Mapping[str, Any]]) -> Setting:
     rel = [r["reliability"] for r in grp if r.get("reliability") is not None]
     qual = [r["quality"] for r in grp if r.get("quality") is not None]
     cost = [r["cost"] for r in grp if r.get("cost") is not None]
-    rates: dict[str, Rate | None] = {"sdc": None, "due": None}
+    rates: dict[str, Rate | None] = {"sdc": None, "due": None, "degraded": None}
     for o in rates:
         parts = []
         for r in rel:
+            if o not in r["rates"]:
+                continue
             n_all = sum(int(v["n"]) for v in r["rates"].values())
             total = n_all or int(r["blocks"]) * max(int(r["trials"]), 1)
             parts.append({**r["rates"][o], "N": total})
@@ -341,6 +419,9 @@ def _setting(tier: str, text: str, grp: Sequence[Mapping[str, Any]]) -> Setting:
     for k in q:
         if qual:
             q[k] = _pool_interval([(x[k], int(x["windows"])) for x in qual])
+    kl = q["kl"]
+    if kl is not None and kl.lo < 0:        # a t interval cut at KL >= 0 keeps its coverage
+        q["kl"] = Interval(kl.mean, 0.0, kl.hi)
     c = {k: _mean([float(x[k]) for x in cost if x.get(k) is not None]) for k in
          ("overhead", "bytes_per_token", "raw_bytes_per_token", "put_gbps", "get_gbps")}
     refs = [float(x["ppl_ref"]) for x in qual if x.get("ppl_ref") is not None]
@@ -357,4 +438,6 @@ def _setting(tier: str, text: str, grp: Sequence[Mapping[str, Any]]) -> Setting:
         recomputed_tokens=sum(int(x.get("recomputed_tokens", 0)) for x in qual),
         overhead=c["overhead"], bytes_per_token=c["bytes_per_token"],
         raw_bytes_per_token=c["raw_bytes_per_token"], put_gbps=c["put_gbps"],
-        get_gbps=c["get_gbps"])
+        get_gbps=c["get_gbps"], degraded=rates["degraded"], quality_windows=_windows(qual),
+        quality_multiplier=(float(qual[0]["ber_multiplier"])
+                            if qual and qual[0].get("ber_multiplier") is not None else None))

@@ -232,11 +232,36 @@ def _settings(f: SweepFile, metrics: Sequence[str]) -> dict[str, Any]:
                               if v is not None}
     if "quality" in metrics:
         q = dataclasses.asdict(f.quality)
+        del q["ber_multiplier"]            # resolved per cell (quality_settings)
         q["text_digest"] = text_digest(q["text"])
         out["quality"] = q
     if "cost" in metrics:
         out["cost"] = dataclasses.asdict(f.cost)
     return out
+
+
+def quality_settings(q: Mapping[str, Any], table: Mapping[str, float], tier: str,
+                     preset: str) -> dict[str, Any]:
+    """A cell's quality settings: the shared ones, plus the fault multiplier of its quality
+    windows when ``table`` (``quality.ber_multiplier``) names its preset or, failing that,
+    its tier (left out otherwise, so a sweep without the table keeps its cells' keys)."""
+    mult = table.get(preset, table.get(tier))
+    return dict(q) if mult is None else {**q, "ber_multiplier": float(mult)}
+
+
+def quality_multiplier(cell: Mapping[str, Any]) -> float:
+    """The multiplier the cell's quality windows inject faults at: its quality settings' own,
+    else the cell's ``ber_multiplier``."""
+    q = cell["settings"].get("quality") or {}
+    return float(q.get("ber_multiplier", cell["ber_multiplier"]))
+
+
+def _check_quality_table(table: Mapping[str, float], pairs: Sequence[tuple[str, str]]) -> None:
+    names = {t for t, _ in pairs} | {p for _, p in pairs}
+    for key in table:
+        if key not in names:
+            raise ConfigError(f"quality.ber_multiplier.{key}: neither a preset nor a tier of "
+                              f"the sweep (they are: {', '.join(sorted(names))})")
 
 
 def text_digest(sources: list[str]) -> str:
@@ -282,6 +307,7 @@ def expand(f: SweepFile, source: str = "<sweep>") -> list[dict[str, Any]]:
     _check_count(grid * max((len(v) for v in params.values()), default=1), "axes and params")
     metrics = [m for m in METRICS if m in f.sweep.metrics]
     settings = _settings(f, metrics)
+    _check_quality_table(f.quality.ber_multiplier, pairs)
     cells: list[dict[str, Any]] = []
     seen: set[str] = set()
     for (tier, preset), placement, layout, bits, code, mult, hours, seed in itertools.product(
@@ -293,6 +319,9 @@ def expand(f: SweepFile, source: str = "<sweep>") -> list[dict[str, Any]]:
             if planned and "reliability" in settings:
                 cell_settings = {**settings, "reliability": {"chunks": PLANNED_CHUNKS,
                                                              **settings["reliability"]}}
+            if "quality" in settings:
+                cell_settings = {**cell_settings, "quality": quality_settings(
+                    settings["quality"], f.quality.ber_multiplier, tier, preset)}
             cell = {
                 "tier": tier, "preset": preset, "params": prm,
                 "ber_multiplier": float(mult), "hours": float(hours),
@@ -341,6 +370,8 @@ def describe(cell: Mapping[str, Any]) -> str:
     prm = " ".join(f"{k}={v}" for k, v in cell["params"].items())
     bits = "planned" if cell["placement"] is not None else f"{cell['bits']}b {cell['code']}"
     mult = f" x{cell['ber_multiplier']:g}" if cell["ber_multiplier"] != 1 else ""
+    if "quality" in cell["metrics"] and quality_multiplier(cell) != cell["ber_multiplier"]:
+        mult += f" (quality x{quality_multiplier(cell):g})"
     return (f"{cell['tier']}/{cell['preset']}{' ' + prm if prm else ''}{mult} {bits} "
             f"seed {cell['seed']}")
 

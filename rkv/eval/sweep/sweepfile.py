@@ -163,22 +163,28 @@ class ReliabilitySettings:
 
 @dataclass(frozen=True)
 class QualitySettings:
-    """``[quality]``: the text windows and the model's tokens and threads."""
+    """``[quality]``: the text windows, the model's tokens and threads, and the fault
+    multiplier of the quality windows per preset or tier (``ber_multiplier``: a preset or
+    tier it leaves out injects at the cell's own ``ber_multiplier``)."""
 
     windows: int = 2                   # per text source
     text: list[str] = field(default_factory=lambda: list(TEXTS))
     prefix: int = 256                  # tokens whose KV goes through rkv
     scored: int = 32                   # tokens scored after the prefix
     threads: int = 1                   # torch threads per worker
+    ber_multiplier: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "quality") -> QualitySettings:
         t = _keys(d, cls, where)
+        mult = as_table(t.get("ber_multiplier", {}), f"{where}.ber_multiplier")
         return cls(as_int(t.get("windows", 2), f"{where}.windows", lo=1, hi=64),
                    _list(t, "text", where, list(TEXTS), _choice(TEXTS)),
                    as_int(t.get("prefix", 256), f"{where}.prefix", lo=16),
                    as_int(t.get("scored", 32), f"{where}.scored", lo=2),
-                   as_int(t.get("threads", 1), f"{where}.threads", lo=1, hi=256))
+                   as_int(t.get("threads", 1), f"{where}.threads", lo=1, hi=256),
+                   {str(k): as_float(v, f"{where}.ber_multiplier.{k}", lo=0, lo_open=True)
+                    for k, v in mult.items()})
 
 
 @dataclass(frozen=True)
