@@ -35,8 +35,11 @@ from rkv.placement.stall import (
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 ROUNDS = 4    # re-plans of the surrogate (each: one solve, one timeline)
-WARM_ROUNDS = 1   # when the last plan of this put shape seeds the queue
-PASSES = 3    # greedy passes of tier moves
+#: A put shape planned before starts from its last plan (same widths, so the same KL) and
+#: only moves blocks between tiers; every this many warm plans it is solved afresh too, as
+#: reuse and recompute costs drift.
+RESOLVE_EVERY = 16
+PASSES = 2    # greedy passes of tier moves
 
 
 def search(table: Table, p: Problem, reuse: F64, recompute: F64,
@@ -75,9 +78,13 @@ def search(table: Table, p: Problem, reuse: F64, recompute: F64,
     if warm and table.hint is not None:
         # The same put shape was planned before: its plan is a candidate as it is.
         c0, s0 = real(table.hint)
-        if np.isfinite(c0):
+        use = p.usage(table.hint)
+        limits = np.concatenate(([p.kl_budget], p.capacity))
+        if np.isfinite(c0) and (use <= limits * (1 + 1e-9) + 1e-12).all():
             best = (c0, Solution(table.hint.copy(), c0, p.usage(table.hint)), p, s0)
-    for _ in range(WARM_ROUNDS if warm else ROUNDS):
+    alts.warm_plans = alts.warm_plans + 1 if warm else 0
+    rounds = ROUNDS if best is None else 1 if alts.warm_plans % RESOLVE_EVERY == 0 else 0
+    for _ in range(rounds):
         late: F64 = lateness(table.read_us, queue_of(table.tier), queue, slack)
         prob = replace(p, cost=np.asarray(held + reuse[:, None] * late, np.float64))
         sol = solve_fast(prob, hint=None if best is None else best[1].choice)
@@ -204,44 +211,46 @@ def one_queue_moves(table: Table, p: Problem, alts: Alternatives,
 
 class Alternatives:
     """``alts(i, j)``: block ``i``'s offered table columns with the same width and code as
-    column ``j`` in the other tiers (built once per option table, kept on it)."""
+    column ``j`` in the other tiers; ``to_tier[c, j, t]``: for a block of template ``c``, the
+    column with column ``j``'s width and code in tier ``t`` (-1: none). Built once per
+    option table and kept on it."""
 
     def __init__(self, table: Table) -> None:
         self.table = table
-        self.same = same_option(table)
-        self._memo: dict[tuple[int, int], list[int]] = {}
+        self.warm_plans = 0       # warm plans of this table since its last cold one
+        same = same_option(table)
+        nt = int(max(int(t.tier.max()) for t in table.templates)) + 1
+        ncol = len(table.cols)
+        self.to_tier = np.full((len(table.templates), ncol, nt), -1, np.int64)
+        for c, tmpl in enumerate(table.templates):
+            for j in range(ncol):
+                k = int(table.cols[j])
+                self.to_tier[c, j, int(tmpl.tier[k])] = j
+                for k2 in same[c].get(k, ()):
+                    col = int(np.searchsorted(table.cols, k2))
+                    if col < ncol and table.cols[col] == k2:
+                        self.to_tier[c, j, int(tmpl.tier[k2])] = col
 
     def __call__(self, i: int, j: int) -> list[int]:
         t = self.table
-        key = (int(t.cls[i]), j)
-        cols = self._memo.get(key)
-        if cols is None:
-            cols = []
-            for k in self.same[key[0]].get(int(t.cols[j]), ()):
-                col = int(np.searchsorted(t.cols, k))
-                if col < len(t.cols) and t.cols[col] == k:
-                    cols.append(col)
-            self._memo[key] = cols
         kept = t.kept[i]
-        return [c for c in cols if kept[c]]
+        return [int(c) for c in self.to_tier[int(t.cls[i]), j] if c >= 0 and c != j
+                and kept[c]]
 
 
 def in_tier(table: Table, alts: Alternatives, choice: I64, tier: int,
             capacity: F64) -> I64 | None:
     """``choice`` with every block moved to the same width and code in ``tier`` (None: some
     block has no such option offered, or the tier cannot hold them)."""
-    out = choice.copy()
-    for i, j in enumerate(choice.tolist()):
-        if table.tier[i, j] == tier:
-            continue
-        cols = [c for c in alts(i, j) if table.tier[i, c] == tier]
-        if not cols:
-            return None
-        out[i] = cols[0]
-    rows = np.arange(len(out))
+    rows = np.arange(len(choice))
+    out = alts.to_tier[table.cls, choice, tier]
+    if (out < 0).any():
+        return None
+    if not table.kept[rows, out].all():
+        return None
     if table.nbytes[rows, out].sum() > capacity[tier] * (1 + 1e-9):
         return None
-    return out
+    return np.asarray(out, np.int64)
 
 
 def same_option(table: Table) -> list[dict[int, tuple[int, ...]]]:

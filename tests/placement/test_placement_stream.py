@@ -5,6 +5,7 @@ worse than one tier, and an engine whose chunks live in several tiers as planned
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -287,3 +288,17 @@ def test_reported_stall_is_the_plans_own(layer_us: float, n_layers: int, chunks:
     cap = sum({"dram": dram_cost, "nvme": 30.0}[b.tier] * b.record_bytes / (1 << 30)
               for b in plan.blocks)
     assert plan.total_cost_us == pytest.approx(held + cap + want, rel=1e-9, abs=1e-9)
+
+
+def test_a_warm_plan_respects_new_limits() -> None:
+    """The same put shape planned again starts from its last plan, but not when that plan
+    no longer fits: less free DRAM than it used gives a plan within the new space."""
+    bl = blocks(6, 2)
+    pl = Planner(cfg(5.0))
+    first = pl.plan(bl, [DRAM, NVME])
+    used = first.tier_bytes["dram"]
+    assert used > 0
+    small = replace(DRAM, free_bytes=used // 2)
+    again = pl.plan(bl, [small, NVME])
+    assert again.tier_bytes.get("dram", 0) <= used // 2
+    assert again.extra["stall_us"] >= first.extra["stall_us"] - 1e-9
