@@ -50,8 +50,8 @@ def within_ranges(decoded: npt.NDArray[Any], block: npt.NDArray[Any], group: int
     """Per element: whether ``decoded`` lies in the ``[min, max]`` of its group in
     ``block``: at least the minimum exactly (the zero point is the minimum, every code adds
     a non-negative multiple of the scale), at most the maximum up to the dtype's rounding
-    (the scale rounded up to the dtype, times ``2^bits - 1``, and half a unit in the last
-    place of the output). ``vbits``: the values' bits when they differ from the keys'."""
+    (the scale rounded up to the dtype, times ``2^bits - 1``, plus the float32 rounding of
+    ``z + q x s`` and of the output). ``vbits``: the values' bits when they differ from the keys'."""
     lo, hi = group_ranges(block, group)
     dt = np.dtype(block.dtype)
     vb = bits if vbits is None else vbits
@@ -59,8 +59,12 @@ def within_ranges(decoded: npt.NDArray[Any], block: npt.NDArray[Any], group: int
         (2,) + (1,) * (lo.ndim - 1))
     scale = ((hi - lo) / levels).astype(dt).astype(np.float64)
     top = np.maximum(np.abs(lo), np.abs(hi)).astype(dt)
+    # The scale's rounding up (levels ulps of it), then float32 arithmetic: the product
+    # q x s (half an ulp of the range) and the sum z + q x s (half an ulp of the top), then
+    # the narrowing into the output dtype (half an ulp of the top).
+    rng = np.abs(hi - lo).astype(np.float32)
     tol = levels * np.spacing(scale.astype(dt)).astype(np.float64) + \
-        np.spacing(top).astype(np.float64)
+        np.spacing(rng).astype(np.float64) + 2 * np.spacing(top).astype(np.float64)
     y = np.asarray(decoded).astype(np.float64)
     ok: npt.NDArray[np.bool_] = (y >= lo) & (y <= hi + tol)
     return ok
