@@ -99,7 +99,8 @@ def search(table: Table, p: Problem, reuse: F64, recompute: F64,
     assert best is not None
     cost, sol, prob, stall = best
     choice = sol.choice
-    for t in range(nt):
+    # (A warm start that re-solved nothing went through these when its seed was planned.)
+    for t in range(nt if rounds else 0):
         one = in_tier(table, alts, choice, t, p.capacity)
         if one is not None and (c := real(one))[0] < cost:
             choice, (cost, stall) = one, c

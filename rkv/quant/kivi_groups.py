@@ -51,7 +51,8 @@ def within_ranges(decoded: npt.NDArray[Any], block: npt.NDArray[Any], group: int
     ``block``: at least the minimum exactly (the zero point is the minimum, every code adds
     a non-negative multiple of the scale), at most the maximum up to the dtype's rounding
     (the scale rounded up to the dtype, times ``2^bits - 1``, plus the float32 rounding of
-    ``z + q x s`` and of the output). ``vbits``: the values' bits when they differ from the keys'."""
+    ``z + q x s`` and of the output). ``vbits``: the values' bits when they differ from
+    the keys'."""
     lo, hi = group_ranges(block, group)
     dt = np.dtype(block.dtype)
     vb = bits if vbits is None else vbits

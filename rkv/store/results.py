@@ -123,7 +123,8 @@ class PutResult:
     bytes_written: int
     evicted_chunks: int = 0
     demoted_chunks: int = 0
-    tiers: dict[str, int] = field(default_factory=dict)   # chunks written per tier
+    tiers: dict[str, int] = field(default_factory=dict)   # chunks written per tier (a chunk
+    #                                            planned into several counts in each)
     #: New chunks not stored: refused by every full tier's admission policy, or no room
     #: could be made without evicting pinned, in-flight or this put's own chunks.
     chunks_refused: int = 0
