@@ -100,9 +100,10 @@ def plans(budgets: list[float], root: Path) -> tuple[dict[str, Any], dict[str, E
             planner = ep.planner(sp)
             blocks = ep.blocks(sp, [CHUNK, CHUNK], 2)
             tier = ep.tier_input("dram")
-            fp16 = float(sum(record_bytes(x, 16, "none") for x in blocks))
-            for name, w in UNIFORM.items():
-                sizes[name] = sum(record_bytes(x, w, "none") for x in blocks) / fp16
+            if not sizes:          # the same blocks for every budget and case
+                fp16 = float(sum(record_bytes(x, 16, "none") for x in blocks))
+                for name, w in UNIFORM.items():
+                    sizes[name] = sum(record_bytes(x, w, "none") for x in blocks) / fp16
 
             def plan_at(kl: float, planner: Planner = planner, blocks: Any = blocks,
                         tier: Any = tier) -> Any:

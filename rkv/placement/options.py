@@ -26,7 +26,7 @@ import numpy.typing as npt
 from rkv.errors import ConfigError
 from rkv.format.dtypes import check_dtype
 from rkv.placement.config import BlockInput, PlacementConfig, TierInput
-from rkv.quant.widths import Width, quant_spec, uniform
+from rkv.quant.widths import Width, as_width, quant_spec
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -190,15 +190,11 @@ def class_key(b: BlockInput) -> tuple[Any, ...]:
     return (b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, b.residency_hours)
 
 
-def _width(bits: int | Width) -> Width:
-    return uniform(bits) if isinstance(bits, int) else bits
-
-
 def data_bytes(b: BlockInput, bits: int | Width) -> int:
     """Bytes of the block's data at ``bits`` (a bit-width for K and V, or a (key bits,
     value bits) width; quantized size from the quantizer itself). A ``k`` or ``v`` block is
     half of its pair's encoding at equal widths (rounded up)."""
-    return _data_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, _width(bits))
+    return _data_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, as_width(bits))
 
 
 @lru_cache(maxsize=4096)
@@ -215,7 +211,7 @@ def _data_bytes(tokens: int, kind: str, heads: int, dim: int, dtype: str, w: Wid
 
 def record_bytes(b: BlockInput, bits: int | Width, code: str) -> int:
     """Bytes of the record the engine writes (framing, header copies, codec parity)."""
-    return _record_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, _width(bits),
+    return _record_bytes(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, as_width(bits),
                          code)
 
 
@@ -310,7 +306,7 @@ def quantized_code(b: BlockInput, bits: int | Width, code: str) -> str:
     planes bound to the block's metadata and codes (``qplanes(...,head=,tail=)``), what
     ``predict`` must judge. Empty where the engine writes no such record: a ``k`` or ``v``
     half (a record holds both), or a chunk too short to quantize."""
-    return _quantized_code(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, _width(bits),
+    return _quantized_code(b.tokens, b.kind, b.kv_heads, b.head_dim, b.dtype, as_width(bits),
                            code)
 
 

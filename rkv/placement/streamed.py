@@ -28,7 +28,6 @@ from rkv.placement.stall import (
     layer_rank,
     queued,
     stall_ranked,
-    stall_us,
     stream_order,
 )
 
@@ -54,7 +53,8 @@ def search(table: Table, p: Problem, reuse: F64, recompute: F64,
     layer = np.fromiter((b.layer for b in blocks), np.int64, n)
     chunk = np.fromiter((b.chunk for b in blocks), np.int64, n)
     order = stream_order(layer, chunk)
-    slack: F64 = np.asarray(layer_rank(layer) * layer_us, np.float64)
+    rank = layer_rank(layer)
+    slack: F64 = np.asarray(rank * layer_us, np.float64)      # compute before each block
     held: F64 = table.held_cost(recompute)
     rows = np.arange(n)
     mean_reuse = float(reuse.mean())
@@ -62,9 +62,10 @@ def search(table: Table, p: Problem, reuse: F64, recompute: F64,
     def queue_of(tier: I64) -> I64:
         return tier if parallel else np.zeros_like(tier)
 
+
     def real(choice: I64) -> tuple[float, float]:
-        st = stall_us(layer, chunk, queue_of(table.tier[rows, choice]),
-                      table.read_us[rows, choice], qt, layer_us)
+        st = stall_ranked(rank, order, queue_of(table.tier[rows, choice]),
+                          table.read_us[rows, choice], qt, layer_us)
         return float(held[rows, choice].sum()) + mean_reuse * st, st
 
     alts = table.streamed if isinstance(table.streamed, Alternatives) else None

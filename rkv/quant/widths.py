@@ -23,6 +23,11 @@ def uniform(bits: int) -> Width:
     return (int(bits), int(bits))
 
 
+def as_width(bits: int | Width) -> Width:
+    """A width from a bit count for both halves, or the width itself."""
+    return uniform(bits) if isinstance(bits, int) else bits
+
+
 def check_width(w: Width, what: str = "width") -> Width:
     """``w`` if it is a width a record can hold: (16, 16), or both in {8, 4, 2}."""
     ok = (isinstance(w, tuple) and len(w) == 2 and all(type(b) is int for b in w)
@@ -50,7 +55,7 @@ def parse_width(text: str) -> Width:
 
 def quant_spec(w: Width | int) -> str:
     """The quantizer spec that stores a block at width ``w`` (an int: both halves)."""
-    k, v = (w, w) if isinstance(w, int) else w
+    k, v = as_width(w)
     if k >= 16 and v >= 16:
         return "none"
     return f"kivi(bits={k})" if k == v else f"kivi(bits={k},vbits={v})"

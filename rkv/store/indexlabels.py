@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from rkv.errors import CorruptStoreError
-from rkv.quant.widths import Width, parse_width, uniform, width_text
+from rkv.quant.widths import Width, as_width, parse_width, width_text
 
 #: A block's pipeline as the index records it: ``"<bits>/<code spec>"``, e.g.
 #: ``"4/rs(n=255,k=239,interleave=1)"`` or ``"16/none"``, and ``"4+2/..."`` for 4-bit keys
@@ -22,7 +22,7 @@ _LABEL_MAX = 160
 def pipe_label(bits: int | Width, code: str) -> str:
     """The index label of a block stored at ``bits`` (both halves, or (key bits, value
     bits)) with code ``code``."""
-    return f"{width_text(uniform(bits) if isinstance(bits, int) else bits)}/{code}"
+    return f"{width_text(as_width(bits))}/{code}"
 
 
 def label_parts(label: str) -> tuple[Width, str]:

@@ -37,7 +37,7 @@ from rkv.placement.options import LRU
 from rkv.placement.planner import Planner
 from rkv.profiles import QualityProfile
 from rkv.profiles import load_profile as named_profile
-from rkv.quant.widths import Width, uniform
+from rkv.quant.widths import Width, as_width
 from rkv.quant.widths import quant_spec as quant_spec  # (re-exported: callers import here)
 
 if TYPE_CHECKING:
@@ -297,7 +297,7 @@ class EnginePlacement:
         """The pipeline for one block moving to ``tier``: its bits (an int for K and V, or
         (key bits, value bits)) kept, the code re-planned for the new tier's fault model
         (fewer bits: :mod:`rkv.store.demotion`)."""
-        width = uniform(bits) if isinstance(bits, int) else bits
+        width = as_width(bits)
         # With the bits fixed the layer's quality does not enter: one plan per shape,
         # position and tier serves every layer of every chunk that moves there.
         fp = spec.fingerprint()

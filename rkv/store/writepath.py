@@ -80,11 +80,8 @@ class Planned:
             plans = pl.tiered_plan(spec, tokens, len(tokens), usable,
                                    self._plan.placement) if usable else []
             for c, chunk_plan in enumerate(plans):
-                shape = spec.block_shape(tokens[c])
-                tiers = [t for t, _ in chunk_plan]
-                pipes = [p.for_block(shape, spec.dtype) for _, p in chunk_plan]
-                sizes = [p.record_bytes(shape, spec.dtype) for p in pipes]
-                self._mixed.append((tiers, pipes, sizes))
+                pipes, sizes = _sized([p for _, p in chunk_plan], spec, tokens[c])
+                self._mixed.append(([t for t, _ in chunk_plan], pipes, sizes))
         return self._mixed[chunk] if self._mixed else None
 
     def pipes(self, tier: str, chunk: int) -> list[Pipeline]:
@@ -108,14 +105,20 @@ class Planned:
             same = [c for c, n in enumerate(tokens) if n == tokens[chunk]]
             chunks = [(c, [one] * spec.n_layers) for c in same]
         for c, pipes in chunks:
-            shape = spec.block_shape(tokens[c])
-            memo: dict[int, tuple[Pipeline, int]] = {}    # layers share pipelines: size once
-            for p in pipes:
-                if id(p) not in memo:
-                    f = p.for_block(shape, spec.dtype)
-                    memo[id(p)] = (f, f.record_bytes(shape, spec.dtype))
-            self._pipes[tier, c] = [memo[id(p)][0] for p in pipes]
-            self._sizes[tier, c] = [memo[id(p)][1] for p in pipes]
+            self._pipes[tier, c], self._sizes[tier, c] = _sized(pipes, spec, tokens[c])
+
+
+def _sized(pipes: list[Pipeline], spec: ModelSpec, tokens: int
+           ) -> tuple[list[Pipeline], list[int]]:
+    """Each layer's pipeline as it applies to a block of ``tokens`` tokens, and its record
+    bytes; layers share pipelines, so each distinct one is fitted and sized once."""
+    shape = spec.block_shape(tokens)
+    memo: dict[int, tuple[Pipeline, int]] = {}
+    for p in pipes:
+        if id(p) not in memo:
+            f = p.for_block(shape, spec.dtype)
+            memo[id(p)] = (f, f.record_bytes(shape, spec.dtype))
+    return [memo[id(p)][0] for p in pipes], [memo[id(p)][1] for p in pipes]
 
 
 @dataclass
