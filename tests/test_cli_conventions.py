@@ -106,6 +106,36 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str], argv: list[str]
         assert text in out, text
 
 
+def _help_pages() -> list[list[str]]:
+    """argv of every command's and subcommand's --help."""
+    pages: list[list[str]] = []
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        pages.append(path)
+        if isinstance(cmd, click.Group):
+            ctx = click.Context(cmd)
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                assert sub is not None
+                walk(sub, [*path, name])
+
+    for name in COMMANDS:
+        cmd = cli.get_command(click.Context(cli), name)
+        assert cmd is not None
+        walk(cmd, [name])
+    return pages
+
+
+@pytest.mark.parametrize("argv", _help_pages(), ids=" ".join)
+def test_no_flag_shows_a_bare_bool_default(capsys: pytest.CaptureFixture[str],
+                                           argv: list[str]) -> None:
+    """A flag's default reads as what happens: ``--raw/--no-raw  [default: raw]``, never
+    ``--no-raw  [default: True]`` (read as "skipped by default")."""
+    assert main([*argv, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "[default: True]" not in out and "[default: False]" not in out, out
+
+
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "Usage: rkv" in capsys.readouterr().err

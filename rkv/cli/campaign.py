@@ -87,8 +87,8 @@ _OVERRIDES = ("tier", "protection", "hours", "trials", "blocks", "seed", "worker
 @click.option("--rows", type=OUT_FILE, default=None, help="write per-trial rows (JSONL) here")
 @click.option("--replay", type=click.IntRange(min=0), default=None, metavar="TRIAL",
               help="run one trial again and print its row")
-@click.option("--no-raw", "compare_raw", is_flag=True, flag_value=False, default=True,
-              help="skip the comparison run on raw storage")
+@click.option("--raw/--no-raw", "compare_raw", default=True,
+              help="also run the trials on raw storage, for comparison (--no-raw skips it)")
 @json_flag("print the summary as JSON")
 @click.option("--csv", is_flag=True, help="print the outcome table as CSV (one row per "
               "storage and outcome; not with --days)")

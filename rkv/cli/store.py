@@ -247,8 +247,9 @@ def destroy_cmd(path: str, yes: bool) -> int:
               help="store directory (new or an rkv store)  [default: a temporary one]")
 @click.option("--prompts", type=click.IntRange(min=1), default=6, help="number of prompts")
 @click.option("--keep", is_flag=True, help="keep the store afterwards")
-@click.option("--no-faults", "faults", is_flag=True, flag_value=False, default=True,
-              help="skip the part that injects faults and shows rkv catching them")
+@click.option("--faults/--no-faults", default=True,
+              help="inject faults into stored records and show rkv catching them "
+                   "(--no-faults skips that part)")
 @quiet_flag()
 def demo_cmd(path: str | None, prompts: int, keep: bool, faults: bool, quiet: bool) -> int:
     """Store and reload KV for prompts with shared prefixes, verified byte for byte; then
