@@ -15,6 +15,7 @@ hold; integers then also refuse whole floats such as ``3.0``); otherwise any
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -27,14 +28,21 @@ T = TypeVar("T")
 
 def check_keys(d: Any, allowed: Iterable[str], where: str, *, noun: str = "parameter",
                error: type[Exception] = FaultModelError) -> None:
-    """Raise ``error`` naming every key of ``d`` not in ``allowed`` (and the allowed ones)."""
+    """Raise ``error`` naming every key of ``d`` not in ``allowed``, each with the closest
+    allowed key when one is close (``unknown parameter(s) pe_cyles (did you mean 'pe_cycles'?)``),
+    and the allowed ones: every config and parameter table of rkv and faultmodels checks its
+    keys here."""
     if not isinstance(d, Mapping):
         raise error(f"{where}: expected a table of {noun}s, got {type(d).__name__}")
     allowed_set = set(allowed)
     unknown = sorted(str(k) for k in d if k not in allowed_set)
     if unknown:
-        raise error(f"{where}: unknown {noun}(s) {', '.join(unknown)}; "
-                    f"allowed: {', '.join(sorted(allowed_set)) or 'none'}")
+        # difflib's ratio cut-off (0.6) catches a dropped, doubled or swapped letter
+        # (pe_cyles, capacty_bytes) without suggesting an unrelated key.
+        hints = [f"{k} (did you mean {m[0]!r}?)" if m else k for k in unknown
+                 for m in [difflib.get_close_matches(k, sorted(map(str, allowed_set)), n=1)]]
+        raise error(f"{where}: unknown {noun}(s) {', '.join(hints)}; "
+                    f"allowed: {', '.join(sorted(map(str, allowed_set))) or 'none'}")
 
 
 def _num(x: float) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rkv.checks import check_keys
 from rkv.errors import ConfigError
 from rkv.format.model import KV_DTYPES, ModelSpec
 from rkv.store.config import EngineConfig
@@ -80,11 +81,7 @@ class ConnectorSettings:
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorSettings:
         """Settings from ``kv_connector_extra_config`` (a ``ConfigError`` on a bad one)."""
         d = dict(extra or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"RkvConnector: unknown setting(s) {unknown} (known: "
-                              f"{sorted(known)})")
+        check_keys(d, (f.name for f in fields(cls)), "RkvConnector", noun="setting")
         if "store" not in d:
             env = os.environ.get("RKV_VLLM_STORE")
             if not env:

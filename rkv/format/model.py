@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rkv.checks import check_keys
 from rkv.errors import ConfigError
 from rkv.format.dtypes import NAMES, check_dtype
 
@@ -84,10 +85,7 @@ class ModelSpec:
     def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
         if not isinstance(d, dict):
             raise ConfigError(f"model spec must be a dict, got {type(d).__name__}")
-        known = set(cls.__dataclass_fields__)
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown ModelSpec fields: {sorted(unknown)}")
+        check_keys(d, cls.__dataclass_fields__, "model spec", noun="field")
         try:
             return cls(**d)
         except TypeError as exc:

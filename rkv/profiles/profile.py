@@ -40,6 +40,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
+from rkv.checks import check_keys
 from rkv.errors import ConfigError
 from rkv.format.model import ModelSpec
 from rkv.inputs import read_bytes, read_json
@@ -278,9 +279,7 @@ def validate_profile(d: Any) -> QualityProfile:
     the problem."""
     if not isinstance(d, dict):
         raise ConfigError(f"a profile is a JSON object, got {type(d).__name__}")
-    unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
-    if unknown:
-        raise ConfigError(f"unknown profile fields: {unknown[:5]}")
+    check_keys(d, (*_REQUIRED, *_OPTIONAL), "profile", noun="field")
     for name, typ in (*_REQUIRED.items(), *_OPTIONAL.items()):
         if name not in d:
             if name in _REQUIRED:
