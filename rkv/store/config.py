@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
@@ -21,6 +22,9 @@ from rkv.checks import (
 from rkv.errors import ConfigError
 from rkv.placement.config import PlacementConfig
 from rkv.store.scrub_report import ScrubConfig
+from rkv.ui.sizes import parse_size
+
+log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -28,6 +32,10 @@ MiB = 1 << 20
 #: machine's address space, and small enough that every size sum stays within 64 bits.
 MAX_TIER_BYTES = 1 << 50
 MAX_MAP_BYTES = 1 << 52
+
+#: Tier fields that are byte counts: a config may write them as sizes (``"64MiB"``,
+#: ``"1.5GB"``), parsed by :func:`rkv.ui.sizes.parse_size` as ``RKV_*`` variables are.
+SIZE_FIELDS = ("capacity_bytes", "map_bytes")
 
 Medium = Literal["memory", "disk"]
 OnFull = Literal["evict", "error"]
@@ -64,7 +72,9 @@ class TierConfig:
     ``path`` may be absolute, relative to the store root, or empty: then a ``memory`` tier lives
     in a memory-backed directory (``/dev/shm`` when the machine has one) and a ``disk`` tier
     under ``<store>/tiers/<name>``. Bandwidths (GB/s) and latency (microseconds) are nominal
-    figures for the cost model; ``fault_model`` names the tier's fault-model preset; ``ecc``
+    figures for the cost model; ``fault_model`` names the tier's fault-model preset (empty:
+    chosen by medium, :func:`default_fault_model`, and written into the stored config, so
+    ``rkv info`` shows it; a config file that leaves it out gets a warning); ``ecc``
     is the codec spec new blocks in this tier are protected with (``"none"``, ``"rs(255,239)"``,
     ``"bch(m=13,t=8)"``, ``"shardrs(k=16,m=2)"``; see docs/ecc.md); ``quant`` the quantizer
     (``"none"`` keeps the values as they are, ``"kivi(bits=4)"``; see docs/quantization.md).
@@ -91,7 +101,7 @@ class TierConfig:
     read_gbps: float = 6.0
     write_gbps: float = 3.0
     latency_us: float = 80.0
-    fault_model: str = "raw-ber"
+    fault_model: str = ""
     ecc: str = "none"
     quant: str = "none"
     sync: bool = False
@@ -115,6 +125,10 @@ class TierConfig:
             raise ConfigError(f"tier {self.name}: {exc}") from exc
         one_of(self.medium, ("memory", "disk"), t + "medium")
         as_str(self.path, t + "path")
+        for name in SIZE_FIELDS:                    # "64MiB" as RKV_TIER_<NAME>_<FIELD> reads it
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, parse_size(value, t + name))
         as_int(self.capacity_bytes, t + "capacity_bytes", lo=1, hi=MAX_TIER_BYTES)
         as_int(self.map_bytes, t + "map_bytes", lo=0, hi=MAX_MAP_BYTES)
         if 0 < self.map_bytes < self.capacity_bytes:
@@ -123,7 +137,9 @@ class TierConfig:
         for name in ("read_gbps", "write_gbps"):
             as_float(getattr(self, name), t + name, lo=1e-9, finite=False)
         as_float(self.latency_us, t + "latency_us", lo=0.0, finite=False)
-        as_str(self.fault_model, t + "fault_model", nonempty=True, what="a preset name")
+        as_str(self.fault_model, t + "fault_model", what="a preset name")
+        if not self.fault_model.strip():
+            object.__setattr__(self, "fault_model", default_fault_model(self))
         as_bool(self.sync, t + "sync")
         one_of(self.reads, ("mmap", "pread"), t + "reads")
         as_str(self.ecc, t + "ecc", nonempty=True, what="a codec spec such as 'rs(255,239)'")
@@ -171,7 +187,25 @@ class TierConfig:
         d = _check_fields(cls, d, "tier")
         if "name" not in d:
             raise ConfigError("a tier needs a name")
-        return cls(**d)
+        tier = cls(**d)
+        if not str(d.get("fault_model", "")).strip():
+            # Said, never silent: the fault model sets the tier's ECC plan and scrub schedule.
+            log.warning("tier %s: no fault_model given; using %r, the default for %s (set "
+                        "fault_model to choose; docs/faultmodels/index.md)", tier.name,
+                        tier.fault_model, _default_reason(tier))
+        return tier
+
+
+def default_fault_model(tier: TierConfig) -> str:
+    """The fault-model preset of a tier that names none, by what holds its bytes, never by
+    its name: a remote (Redis) tier and a ``memory`` tier are DRAM (``dram-ddr5``), a
+    ``disk`` tier is flash (``nvme-tlc``). ``raw-ber`` is never a default: it is a test
+    model of independent bit flips, not a device."""
+    return "dram-ddr5" if tier.kind == "redis" or tier.medium == "memory" else "nvme-tlc"
+
+
+def _default_reason(tier: TierConfig) -> str:
+    return "kind = 'redis'" if tier.kind == "redis" else f"medium = {tier.medium!r}"
 
 
 def default_tiers() -> tuple[TierConfig, ...]:

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, fields, replace
 from typing import Any
 
 from rkv.errors import ConfigError
 from rkv.store.config import EngineConfig, TierConfig
-from rkv.ui.sizes import UNITS, scale
+from rkv.ui.sizes import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +37,6 @@ PREFIX = "RKV_"
 CONFIG_VAR = "RKV_CONFIG"
 TIER_PREFIX = "RKV_TIER_"
 
-# Bounded digit counts: Fraction and int() of a megabyte of digits would take seconds.
-_SIZE = re.compile(r"^\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*$")
 #: Longest value a setting variable may have (an inline table of a [scrub] config is
 #: under 200 bytes; Linux caps one environment string at 128 KiB).
 MAX_VALUE_CHARS = 64 << 10
@@ -68,14 +65,7 @@ def _parse(var: str, raw: str, example: Any) -> Any:
             return False
         raise ConfigError(f"{var}={raw!r}: expected a bool (true/false, 1/0, yes/no, on/off)")
     if isinstance(example, int):
-        m = _SIZE.match(text)
-        if m is None or m.group(2).lower() not in UNITS:
-            raise ConfigError(f"{var}={_show(raw)}: expected an integer (sizes may end in "
-                              "KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
-        value = scale(m.group(1), m.group(2), var)
-        if value.denominator != 1:
-            raise ConfigError(f"{var}={raw!r}: not a whole number")
-        return int(value)
+        return parse_size(raw, var)
     if isinstance(example, float):
         try:
             return float(text)
