@@ -71,7 +71,7 @@ def faultmodels_cmd(name: str | None, fmt: str) -> int:
     preset's parameters in full (the model's defaults included) and its sources.
 
     Tiers name a preset as their fault_model; campaigns take --fault-model NAME and
-    --param KEY=VALUE overrides (docs/faultmodels.md)."""
+    --param KEY=VALUE overrides (docs/faultmodels/index.md)."""
     from rkv.ui import Column, echo_table
 
     if name is None:

@@ -64,7 +64,7 @@ from rkv.cli.moe_replay import dispatch, moe_options, moe_params
 def replay_cmd(**kw: Any) -> int:
     """Replay a request trace (JSON Lines) through eviction policies: hit ratios, modeled
     TTFT, Belady and an infinite cache for reference; or, with --moe, a MoE routing trace
-    through expert caches and prefetchers (docs/replay.md, docs/moe.md)."""
+    through expert caches and prefetchers (docs/policies.md, docs/moe.md)."""
     for name in ("policy", "lookahead", "capacity", "tiers"):
         kw[name] = list(kw[name])
     if kw["csv"] and kw["markdown"]:
