@@ -192,9 +192,12 @@ def _failing_config(tmp_path: Path) -> Path:
     """dram (in the memory directory) is made, then nvme fails: its path is under a file."""
     (tmp_path / "afile").write_text("x")
     cfg = tmp_path / "fail.toml"
+    # Each tier names its fault model: one left out is warned about, a second stderr line.
+    fm = 'fault_model = "nvme-tlc"\n'
     cfg.write_text('[[tiers]]\nname = "dram"\nmedium = "memory"\ncapacity_bytes = 1048576\n'
-                   f'[[tiers]]\nname = "nvme"\npath = "{tmp_path / "afile" / "nvme"}"\n'
-                   'capacity_bytes = 1048576\n[[tiers]]\nname = "ssd"\n'
+                   'fault_model = "dram-ddr5"\n'
+                   f'[[tiers]]\nname = "nvme"\npath = "{tmp_path / "afile" / "nvme"}"\n{fm}'
+                   f'capacity_bytes = 1048576\n[[tiers]]\nname = "ssd"\n{fm}'
                    f'path = "{tmp_path / "ssd" / "deep"}"\ncapacity_bytes = 1048576\n')
     return cfg
 
