@@ -12,8 +12,24 @@ stamp=.venv/.rkv-installed
 want="$(cat pyproject.toml scripts/setup-env.sh | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  # torch is pinned: 2.13.0 is a local CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
-  .venv/bin/python -m pip install -q "torch==2.13.0"
+  # torch is pinned to 2.13.0 and installed as a CPU build: PyPI's Linux torch wheel is the
+  # multi-GB CUDA build. A wheel a local mirror holds (pip's find-links) is used as it is;
+  # otherwise PyTorch's own index: RKV_TORCH_INDEX, the CPU one by default (GPU users set
+  # e.g. RKV_TORCH_INDEX=https://download.pytorch.org/whl/cu128). torch's own dependencies
+  # come from the usual indexes either way.
+  if ! .venv/bin/python -c 'import importlib.metadata as m, sys
+sys.exit(m.version("torch").split("+")[0] != "2.13.0")' 2>/dev/null; then
+    wheels="$(mktemp -d)"
+    if .venv/bin/python -m pip download -q --no-index --no-deps "torch==2.13.0" \
+        -d "$wheels" 2>/dev/null; then
+      .venv/bin/python -m pip install -q "$wheels"/torch-*.whl
+    else
+      .venv/bin/python -m pip install -q "torch==2.13.0" \
+        --index-url "${RKV_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
+        --extra-index-url https://pypi.org/simple
+    fi
+    rm -rf "$wheels"
+  fi
   # plots: the main job's figures (rkv sweep / rkv report draw them with matplotlib).
   .venv/bin/python -m pip install -q -e ".[torch,test,hf,ray,remote,plots]"
   # SmolLM2-135M-Instruct (Q4_1 GGUF) for the quality measurements; no network at run time.
