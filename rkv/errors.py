@@ -25,6 +25,11 @@ class PolicyContractError(ConfigError):
     and the policies are rebuilt from the index at the next one."""
 
 
+class MissingDependencyError(RkvError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it
+    (``pip install 'rkv[torch]'``): :func:`rkv.extras.require`."""
+
+
 class InputError(RkvError, ValueError):
     """An argument from the caller is invalid (nothing was written)."""
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from rkv.cli.moe import SUBCOMMANDS, model_options
 from rkv.errors import ConfigError, InputError, RecordMismatchError, StoreError
+from rkv.extras import require_torch
 from rkv.moe.experts import ExpertWeights
 
 logger = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def greedy(model: Any, prompt: Sequence[int], n: int, *, provider: Any = None,
            eos: int | None = None) -> Generation:
     """``n`` greedy tokens after ``prompt`` (stopping after ``eos`` when given), one forward
     per token with a KV cache; ``provider``: whose ``stats()`` to snapshot."""
-    import torch
+    torch = require_torch("rkv moe run")
 
     if n < 1 or not prompt:
         raise InputError("need a non-empty prompt and at least one token")

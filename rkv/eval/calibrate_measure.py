@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rkv.errors import InputError
+from rkv.extras import require_torch
 from rkv.format.hf_kv import cache_from_kv, kv_from_cache
 
 KINDS = ("k", "v")
@@ -195,7 +196,7 @@ class Reference:
 def _layer(model: Any, i: int, h: Any, kp: Any, vp: Any, ref: Reference) -> Any:
     """Decoder layer ``i`` on the scored tokens ``h`` ``[B, n, hidden]`` with prefix keys and
     values ``kp``, ``vp`` ``[B or 1, H, P, D]`` (post-RoPE, as cached)."""
-    import torch
+    torch = require_torch("calibration")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     layer = model.model.layers[i]
@@ -223,7 +224,7 @@ def _logits(model: Any, h: Any) -> Any:
 
 
 def _log_probs(model: Any, h: Any) -> Any:
-    import torch
+    torch = require_torch("calibration")
 
     return torch.log_softmax(_logits(model, h).double(), dim=-1)
 
@@ -231,7 +232,7 @@ def _log_probs(model: Any, h: Any) -> Any:
 def reference(model: Any, ids: Sequence[int], prefix: int = PREFIX) -> Reference:
     """Prefill ``ids[:prefix]`` with the model, then run the scored tokens through the fast
     path with the exact cache, recording each layer's input."""
-    import torch
+    torch = require_torch("calibration")
 
     if len(ids) <= prefix + 1:
         raise InputError(f"windows must be longer than prefix + 1 = {prefix + 1} tokens")
@@ -264,7 +265,7 @@ def run_cases(model: Any, ref: Reference, start: int,
     """(mean KL per scored token, summed NLL) of each case: a case replaces the prefix K or
     V of some layers ``>= start`` by the given ``[P, H, D]`` arrays; layers below ``start``
     are taken from the reference."""
-    import torch
+    torch = require_torch("calibration")
 
     b = len(cases)
     with torch.no_grad():
@@ -298,7 +299,7 @@ def hf_case(model: Any, ids: Sequence[int], ref: Reference, kv2: np.ndarray,
     """(mean KL, summed NLL) of the scored tokens when the model itself continues from the
     prefix cache ``kv2`` (a ``DynamicCache``, as ``rkv quality`` does): the independent
     path the fast one is checked against, and how plans are measured."""
-    import torch
+    torch = require_torch("calibration")
 
     x = torch.tensor([list(ids)])
     with torch.no_grad():
@@ -310,7 +311,7 @@ def hf_case(model: Any, ids: Sequence[int], ref: Reference, kv2: np.ndarray,
 
 def hf_reference_lp(model: Any, ids: Sequence[int], prefix: int = PREFIX) -> Any:
     """The scored tokens' reference log-probs through the model's own forward (for tests)."""
-    import torch
+    torch = require_torch("calibration")
 
     x = torch.tensor([list(ids)])
     with torch.no_grad():

@@ -35,6 +35,7 @@ from rkv.errors import InputError, RkvError
 from rkv.eval.stats import MeanCI as MeanCI  # means over windows: re-exported from here
 from rkv.eval.stats import mean_ci as mean_ci
 from rkv.eval.stats import t_quantile as t_quantile
+from rkv.extras import require_torch
 from rkv.format.hf_kv import cache_from_kv, kv_from_cache
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -98,7 +99,7 @@ def load_smollm2(threads: int | None = None) -> tuple[Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader's progress bar
-    import torch
+    torch = require_torch("the quality measurement (SmolLM2)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -250,7 +251,7 @@ def _capture_queries(model: Any) -> tuple[list[Any], Callable[[], None]]:
 
 def _rope_queries(model: Any, q: Any, start: int, head_dim: int) -> np.ndarray:
     """``[q_heads, n, d]`` queries after RoPE at positions ``start..start+n``."""
-    import torch
+    torch = require_torch("the quality measurement (SmolLM2)")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     n = q.shape[1]
@@ -355,7 +356,7 @@ def _reference(model: Any, ids: list[int], prefix: int, queries: bool) -> _Refer
     """The window's :class:`_Reference`, computed, or kept from an earlier call when
     ``queries`` is false. The KV is the caller's copy: a transform may not change the
     kept one."""
-    import torch
+    torch = require_torch("the quality measurement (SmolLM2)")
 
     key = (id(model), tuple(int(t) for t in ids), prefix)
     hit = None if queries else _REFERENCES.get(key)
@@ -401,7 +402,7 @@ def evaluate_many(model: Any, windows: list[list[int]],
     """:func:`evaluate` for several ``(label, transform)`` settings on the same windows,
     sharing each window's prefill and reference pass (the bulk of the time): one
     :class:`Quality` per setting, in order, each paired with the same reference."""
-    import torch
+    torch = require_torch("the quality measurement (SmolLM2)")
 
     accs: list[dict[str, Any]] = [{"report": {}, "snr": [], "attn": [], "windows": []}
                                   for _ in settings]

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rkv.errors import InputError, RkvError
+from rkv.extras import require_torch
 from rkv.moe.experts import ExpertProvider, ExpertWeights, ResidentExperts
 from rkv.moe.fit import (
     CAL_LENGTH,
@@ -90,7 +91,7 @@ class _Shared:
 
 
 def _tensor(a: np.ndarray, dtype: Any) -> Any:
-    import torch
+    torch = require_torch("the MoE model")
 
     if not a.flags.writeable:
         a = a.copy()
@@ -98,7 +99,7 @@ def _tensor(a: np.ndarray, dtype: Any) -> Any:
 
 
 def _make_mlp_class() -> type:
-    import torch
+    torch = require_torch("the MoE model")
     import torch.nn.functional as fn
 
     class MoEMLP(torch.nn.Module):  # type: ignore[misc]
@@ -170,7 +171,7 @@ class MoEModel:
 
     def __init__(self, model: Any, fit: Fit, experts: list[list[ExpertWeights]], name: str,
                  top_k: int, provider: ExpertProvider | None, hint: bool) -> None:
-        import torch
+        torch = require_torch("the MoE model")
 
         self.model = model
         self.fit = fit
@@ -287,7 +288,7 @@ class MoEModel:
     def route(self, input_ids: Any) -> Routes:
         """Run one forward (no KV cache) over ``input_ids`` (batch 1: a list of ids, or a
         [T] / [1, T] tensor) and return each token's chosen experts per layer."""
-        import torch
+        torch = require_torch("the MoE model")
         import torch.nn.functional as fn
 
         ids = torch.as_tensor(input_ids, dtype=torch.long)
