@@ -10,7 +10,15 @@ from typing import Any
 
 import click
 
-from rkv.cli.common import IN_FILE, OUT_FILE, call, check_writable, command, load_engine_config
+from rkv.cli.common import (
+    IN_FILE,
+    OUT_FILE,
+    call,
+    check_writable,
+    command,
+    load_engine_config,
+    quiet_flag,
+)
 from rkv.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -32,6 +40,10 @@ log = logging.getLogger(__name__)
               help="table rows to print (0: all)")
 @click.option("--json", "json", type=OUT_FILE, default=None,
               help="also write the plan to this file")
+@click.option("--workers", type=click.IntRange(min=1, max=256), default=1,
+              help="processes that compute the fault models' predictions (the slow stage: "
+                   "seconds each for some models)")
+@quiet_flag()
 def plan_cmd(**kw: Any) -> int:
     """Print the placement plan of a put without writing anything: per block its tier, bits
     and code, predicted P(DUE) and P(SDC), bytes, expected cost, and why
@@ -63,6 +75,7 @@ def cmd_plan(args: Any) -> int:
     from rkv.placement.config import PlacementConfig
     from rkv.store.config import EngineConfig
     from rkv.store.plans import EnginePlacement
+    from rkv.ui.progress import Progress
 
     check_writable(args.json, "--json")
     cfg = load_engine_config(args.config) if args.config else EngineConfig()
@@ -77,8 +90,15 @@ def cmd_plan(args: Any) -> int:
     n = cfg.chunk_tokens
     tokens = [min(n, args.tokens - s) for s in range(0, args.tokens, n)]
     planner = placement.planner(spec)
-    plan = planner.plan(placement.blocks(spec, tokens, len(tokens)),
-                        [placement.tier_input(t) for t in names])
+    blocks = placement.blocks(spec, tokens, len(tokens))
+    tier_inputs = [placement.tier_input(t) for t in names]
+    # Two stages: the fault models' predictions (per code, width and tier: seconds each for
+    # some models, minutes in all) with a count, then the search itself (fast once warm).
+    with Progress("plan: predictions", unit="prediction", quiet=args.quiet) as p:
+        planner.warm(blocks, tier_inputs, args.workers, progress=p.advance_to)
+    with Progress("plan: search", 1, unit="plan", quiet=args.quiet) as p:
+        plan = planner.plan(blocks, tier_inputs)
+        p.update()
     where = ", ".join(f"{t} ({cfg.tier(t).fault_model})" for t in names)
     log.info("plan: %d blocks for %d tokens on %s", len(plan.blocks), args.tokens, where)
     stall = (f"; streamed-restore stall {plan.extra['stall_us']:.1f} us"

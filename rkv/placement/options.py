@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -140,21 +140,30 @@ class ReliabilityCache:
             self._d[(str(code), int(nbytes), str(mkey), float(hours))] = (
                 float(p_due), float(p_sdc), deg)
 
-    def warm(self, requests: Iterable[tuple[str, int, Any, float]], workers: int = 1) -> int:
+    def warm(self, requests: Iterable[tuple[str, int, Any, float]], workers: int = 1,
+             progress: Callable[[int, int], None] | None = None) -> int:
         """Compute the missing ``(code, data_bytes, model, hours)`` entries, in ``workers``
-        processes when above 1. Returns how many were computed."""
+        processes when above 1; ``progress(done, total)`` after each (seconds apart for
+        some fault models: what ``rkv plan`` shows). Returns how many were computed."""
         todo: dict[tuple[str, int, str, float], tuple[str, int, dict[str, Any], float]] = {}
         for code, nbytes, model, hours in requests:
             key = (code, int(nbytes), model_key(model), float(hours))
             if key not in self._d:
                 todo[key] = (code, int(nbytes), model.params(), float(hours))
+        if progress is not None:
+            progress(0, len(todo))
         if workers > 1 and len(todo) > 1:
             with ProcessPoolExecutor(max_workers=workers) as pool:
-                results = list(pool.map(_predict_job, todo.values()))
+                futures = {pool.submit(_predict_job, a): key for key, a in todo.items()}
+                for done, fut in enumerate(as_completed(futures), 1):
+                    self._d[futures[fut]] = fut.result()
+                    if progress is not None:
+                        progress(done, len(todo))
         else:
-            results = [_predict_job(a) for a in todo.values()]
-        for key, r in zip(todo, results, strict=True):
-            self._d[key] = r
+            for done, (key, a) in enumerate(todo.items(), 1):
+                self._d[key] = _predict_job(a)
+                if progress is not None:
+                    progress(done, len(todo))
         return len(todo)
 
 

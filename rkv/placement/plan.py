@@ -98,6 +98,7 @@ class Plan:
         """The blocks as a table through :mod:`rkv.ui` (``limit`` rows; text and markdown
         end with the plan's totals, json and csv are the rows alone)."""
         from rkv.ui import Column, render
+        from rkv.ui.sizes import human_bytes, human_capacity
 
         cols = [Column("layer", align="right"), Column("kind"), Column("chunk", align="right"),
                 Column("tier"), Column("bits", align="right"), Column("code"),
@@ -113,7 +114,8 @@ class Plan:
         out = render(rows, cols, fmt=fmt)
         if fmt in ("json", "csv"):
             return out
-        used = ", ".join(f"{k} {v}/{self.tier_free[k]} B" for k, v in self.tier_bytes.items())
+        used = ", ".join(f"{k} {human_bytes(v)} of {human_capacity(self.tier_free[k])}"
+                         for k, v in self.tier_bytes.items())
         foot = (f"total cost {self.total_cost_us:.6g} us (bound {self.lower_bound_us:.6g}), "
                 f"KL {self.kl:.4g}/{self.kl_budget:.4g}, expected DUE {self.expected_due:.3g}, "
                 f"{used}; binding: {', '.join(self.binding) or 'none'}; {self.method}")

@@ -179,16 +179,16 @@ class Planner:
             self._templates.clear()
 
     def warm(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput],
-             workers: int = 1) -> int:
-        """Compute every ``predict`` a plan of these blocks needs, in ``workers`` processes.
-        Returns how many were new."""
+             workers: int = 1, progress: Callable[[int, int], None] | None = None) -> int:
+        """Compute every ``predict`` a plan of these blocks needs, in ``workers`` processes
+        (``progress(done, total)`` after each). Returns how many were new."""
         models = [self._models.get(t.fault_model)[0] for t in tiers]
         reqs = {(code, data_bytes(b, w), mi, b.residency_hours)
                 for b in {class_key(b): b for b in blocks}.values()
                 for _, w in block_widths(b, self.config) for code in self.config.codes
                 for mi in range(len(models))}
         return self.cache.warm(((c, n, models[mi], h) for c, n, mi, h in sorted(reqs)),
-                               workers)
+                               workers, progress)
 
     # ---------------------------------------------------------------- building
     def _build(self, blocks: Sequence[BlockInput], tiers: Sequence[TierInput]) -> _Built:
