@@ -99,7 +99,8 @@ def _tensor(a: np.ndarray, dtype: Any) -> Any:
 
 
 def _make_mlp_class() -> type:
-    torch = require_torch("the MoE model")
+    require_torch("the MoE model")      # the typed error when torch is missing
+    import torch
     import torch.nn.functional as fn
 
     class MoEMLP(torch.nn.Module):  # type: ignore[misc]
