@@ -114,6 +114,13 @@ class CampaignConfig:
         shape = (2, self.chunk_tokens, self.kv_heads, self.head_dim)
         return Pipeline.parse(self.quant_spec(), prot).for_block(shape, self.dtype)
 
+    def record_bytes(self) -> int:
+        """Bytes of one stored record (``data_bytes`` for raw storage): what ``predict``'s
+        ``record_bytes`` says, from the record's framing alone, without the seconds a
+        prediction takes (``--replay`` of one trial needs the size, not the prediction)."""
+        pipe = self.protection_pipeline()
+        return self.data_bytes if pipe == RAW else int(pipe.record_bytes_for(self.data_bytes))
+
     def model(self) -> Any:
         import faultmodels
 
