@@ -21,7 +21,9 @@ T = TypeVar("T")
 
 
 def check_keys(d: Any, allowed: Iterable[str], where: str, *, noun: str = "key") -> None:
-    """Raise ConfigError naming every key of ``d`` not in ``allowed`` (and the allowed ones)."""
+    """Raise ConfigError naming every key of ``d`` not in ``allowed``, each with the closest
+    allowed key when one is close (``unknown key(s) pe_cyles (did you mean 'pe_cycles'?)``),
+    and the allowed ones: the one check of unknown keys, for every rkv table."""
     _c.check_keys(d, allowed, where, noun=noun, error=ConfigError)
 
 
