@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rkv.codec",),
     ("rkv.ecc", "rkv.quant"),
     ("rkv.tiers", "rkv.format", "rkv.specs", "rkv.checks", "rkv.ui", "rkv.buffers",
-     "rkv.inputs"),
+     "rkv.inputs", "rkv.extras"),
     ("rkv.errors", "rkv.parallel"),
 )
 
