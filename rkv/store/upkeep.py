@@ -312,6 +312,7 @@ def stats(core: StoreCore) -> dict[str, Any]:
     """Store contents, tier usage, block ages and this session's counters (see
     :meth:`Engine.stats`)."""
     core.check()
+    core.observe_tiers()
     with core.lock:
         session = dict(core.counters)
         if core.decisions.fallbacks:
@@ -364,4 +365,10 @@ def stats(core: StoreCore) -> dict[str, Any]:
                    for fp, spec in models.items()],
         "tiers": tiers,
         "session": {**session, **placed},
+        #: This session's counters per tier and model ({tier: {model: {counter: n}}}),
+        #: each tier's availability as this process saw it, and the last scrub pass.
+        "session_by": core.tally.nested(),
+        "availability": core.watch.summary(core.order),
+        "last_scrub": core.tally.last_scrub,
+        "now_ns": now_ns(core.clock),
     }
