@@ -5,6 +5,12 @@ once (rkv.store.tally)."""
 from __future__ import annotations
 
 import logging
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -140,3 +146,33 @@ def test_watch_logs_each_change_once(caplog: pytest.LogCaptureFixture) -> None:
                     "tier dram is available again (it was: state damaged)"]
     assert all(r.levelno == logging.WARNING for r in caplog.records)
     assert w.changes == 4 and w.down() == {}
+
+
+def test_serve_metrics_command(store_path: Path) -> None:
+    """``rkv serve-metrics`` as a process: says where it serves, serves the store's durable
+    state, exits 0 on SIGTERM."""
+    with Engine.open(store_path, local_config()) as e:
+        e.put(toks(40), random_kv(SMALL, 40), model=SMALL)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rkv.cli", "serve-metrics", str(store_path), "--port", "0",
+         "--interval", "0.2"], stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stderr], [], [], 60)
+        assert ready, "serve-metrics did not start"
+        line = proc.stderr.readline()
+        match = re.search(r"at (http://127\.0\.0\.1:\d+/metrics)", line)
+        assert match, line
+        s = scrape(match.group(1))
+        assert value(s, "rkv_chunks") == 3 and value(s, "rkv_tokens") == 40
+        assert value(s, "rkv_tier_blocks", tier="dram") == 9
+        assert value(s, "rkv_tier_available", tier="dram") == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "metrics server stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -19,16 +19,25 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rkv.errors import TierUnavailableError
+from rkv.store.remote_share import remote_of
 from rkv.store.tally import DOWN_STATES
 
-__all__ = ["MetricsServer", "StoreCollector", "registry_for", "serve"]
+if TYPE_CHECKING:
+    from rkv.store.core import StoreCore
+
+__all__ = ["MetricsServer", "StoreCollector", "probe_tiers", "registry_for", "serve"]
+
+#: The key :func:`probe_tiers` asks a remote tier for (no block has it: a miss that proves
+#: the server answers).
+PROBE_KEY = b"rkv-metrics-probe"
 
 Stats = Callable[[], dict[str, Any]]
 
@@ -238,6 +247,26 @@ class StoreCollector(Collector):
                                 "Time since the last scrub pass of this process ended.",
                                 value=max(0.0, (int(s.get("now_ns", 0)) - int(last["at_ns"]))
                                           / 1e9))
+
+
+def probe_tiers(core: StoreCore) -> dict[str, bool]:
+    """Ask each remote tier of ``core`` for one absent value, so its availability is known
+    to a process that does not otherwise call it (``rkv serve-metrics``); returns tier ->
+    answered. The outcome goes to ``core.watch`` (a change is logged once)."""
+    out = {}
+    for name in core.order:
+        tier = remote_of(core.tiers[name])
+        if tier is None:
+            continue
+        try:
+            tier.get(PROBE_KEY)
+        except TierUnavailableError as exc:
+            core.watch.failed(name, str(exc))
+            out[name] = False
+            continue
+        core.watch.succeeded(name)
+        out[name] = True
+    return out
 
 
 def registry_for(stats: Stats) -> CollectorRegistry:
