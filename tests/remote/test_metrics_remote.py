@@ -61,3 +61,29 @@ def test_shared_tier_counters_and_a_killed_server(tmp_path: Path, own_redis: Red
         assert [r.getMessage().split(" (")[0] for r in caplog.records
                 if r.name == "rkv.store"] == ["tier remote is available again"]
         assert value(back, "rkv_tier_state_changes") == 2
+
+
+def test_info_does_not_show_a_written_through_shared_tier_as_empty(
+        tmp_path: Path, own_redis: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """Write-through copies are indexed in the tier they were put in (dram), so the index
+    has no figure for the shared tier: ``rkv info`` says so instead of 0 blocks / 0 B, and
+    shows the blocks an adopting store indexes there."""
+    from rkv.cli import main
+
+    cfg = remote_config(own_redis.url, uuid.uuid4().hex[:12], local=True)
+    with Engine.open(tmp_path / "a", cfg) as a:
+        a.put(list(range(48)), random_kv(SMALL, 48), model=SMALL)
+        assert a.stats()["tiers"]["remote"]["remote"]["writes"] == 9
+    with Engine.open(tmp_path / "b", remote_config(own_redis.url, cfg.tier("remote")
+                                                   .remote["namespace"])) as b:
+        assert b.get(list(range(48)), model=SMALL).n_tokens == 48
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "a")]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("dram ", "remote "))}
+    assert "not counted" in rows["remote"] and "(shared)" in rows["remote"]
+    assert rows["dram"].split()[3] == "9"
+    assert main(["info", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    remote = next(line for line in out.splitlines() if line.startswith("remote "))
+    assert "9 indexed" in remote and "remote is shared" in out
