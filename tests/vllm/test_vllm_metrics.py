@@ -39,7 +39,7 @@ def test_step_stats_are_increments_of_connector_and_store_counters(tmp_path: Pat
         second = step_stats(deltas, counters.snapshot(), e.core)
         assert second is not None
         assert second.data == {"connector_loads": 2, "store_gets": 2, "store_hits": 2,
-                               "store_blocks_read": 12}
+                               "store_blocks_read": 12, "store_blocks_ok": 12}
 
 
 def test_prometheus_hook_counts_aggregated_stats() -> None:
