@@ -23,6 +23,7 @@ from rkv import Engine, EngineConfig
 from rkv.format.keys import as_token_array, block_key, chunk_keys
 from rkv.format.record import decode_record
 from rkv.store.tally import TierWatch, model_label
+from rkv.tiers import LmdbTier
 
 MODEL = model_label(SMALL.fingerprint())
 
@@ -176,3 +177,23 @@ def test_serve_metrics_command(store_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_tier_found_damaged_is_logged_once_and_unavailable(
+        store_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with Engine.open(store_path, local_config()) as e, e.serve_metrics() as m:
+        t = toks(40)
+        e.put(t, random_kv(SMALL, 40), model=SMALL)
+        assert value(scrape(m.url), "rkv_tier_available", tier="dram") == 1
+        tier = e.tiers["dram"]
+        assert isinstance(tier, LmdbTier)
+        with caplog.at_level(logging.WARNING, logger="rkv.store"):
+            tier.mark_damaged("a page failed its checksum")
+            for _ in range(3):
+                e.get(t, model=SMALL)
+            s = scrape(m.url)
+        assert [r.getMessage() for r in caplog.records if r.name == "rkv.store"] == \
+            ["tier dram is unavailable: state damaged"]
+        assert value(s, "rkv_tier_available", tier="dram") == 0
+        assert value(s, "rkv_tier_available", tier="nvme") == 1
+        assert value(s, "rkv_tier_state_changes") == 1

@@ -86,11 +86,12 @@ class TierWatch:
         if was is not None:
             log.warning("tier %s is available again (it was down: %s)", tier, was[1])
 
-    def observe(self, tier: str, state: str) -> None:
+    def observe(self, tier: str, state: str, why: str | None = None) -> None:
         """The tier's polled ``state``: ``"damaged"`` and ``"missing"`` (a tier that could not
-        be opened) are down; ``"ok"`` and ``"new"`` (created empty at open) are not."""
+        be opened) are down (``why``: what is known of it); ``"ok"`` and ``"new"`` (created
+        empty at open) are not."""
         if state in DOWN_STATES:
-            self._mark(tier, "state", f"state {state}")
+            self._mark(tier, "state", why or f"state {state}")
             return
         with self._lock:
             was = self._down.get(tier)

@@ -79,7 +79,12 @@ def reconcile(core: StoreCore, txn: Any, pending: Pending, drop_tiers: frozenset
                 )
         elif tier.state == "damaged" or not tier.store_id:
             current[name] = sid   # keep the binding: its records may still be read
-            log.warning("tier %s is damaged (%s); its blocks read as errors", name, tier.damage)
+            if tier.state == "damaged":     # logged once, by the watch (rkv.store.tally)
+                core.watch.observe(name, "damaged", f"damaged ({tier.damage}); its blocks "
+                                   "read as errors")
+            else:
+                log.warning("tier %s is damaged (%s); its blocks read as errors", name,
+                            tier.damage)
         elif tier.store_id != sid:
             if tier.state != "new":
                 raise StoreError(
