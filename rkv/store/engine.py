@@ -419,7 +419,9 @@ class Engine:
 
     # -- inspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Store contents, tier usage, block ages per tier and this session's counters."""
+        """Store contents, tier usage, block ages per tier and this session's counters (also
+        per tier and model, ``session_by``), tier availability and the last scrub pass; the
+        Prometheus exporter reads this (docs/metrics.md)."""
         return store_stats(self.core)
 
     def serve_metrics(self, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
