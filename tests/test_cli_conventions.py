@@ -29,6 +29,8 @@ BAD: dict[str, list[list[str]]] = {
     "info": [["--no-such-option", "T"], [MISSING], ["T/s", "extra"]],
     "verify": [["--repair=3", "T"], [MISSING]],
     "scrub": [["T", "--budget", "fast"], ["T", "--margin", "0"], [MISSING, "--once"]],
+    "serve-metrics": [[MISSING], ["T", "--port", "x"], ["T", "--port", "70000"],
+                      ["T", "--interval", "0"], ["T"]],
     "migrate": [[MISSING], ["--json", "T"]],
     "destroy": [["--yes", MISSING], ["--yes"]],
     "demo": [["--prompts", "x"], ["--prompts", "0"], ["--path", "F"]],

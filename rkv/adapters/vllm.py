@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from rkv.adapters.vllm_layout import resolve_layout
+from rkv.adapters.vllm_metrics import Deltas, RkvConnectorStats, RkvPromMetrics, step_stats
 from rkv.adapters.vllm_scheduler import ReqWork, SchedulerSide
 from rkv.adapters.vllm_settings import (
     ConnectorSettings,
@@ -171,6 +172,22 @@ class RkvConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._sched = SchedulerSide(self.engine, self.spec, settings, shape.block_size,
                                         self.stats)
         self.stats.write(force=True)
+        self._deltas = Deltas()
+
+    # -- vLLM's connector stats and Prometheus metrics (rkv.adapters.vllm_metrics) -----------
+    def get_kv_connector_stats(self) -> RkvConnectorStats | None:
+        return step_stats(self._deltas, self.stats.snapshot(), self.engine.core)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> RkvConnectorStats:
+        return RkvConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict[type, type],
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> RkvPromMetrics:
+        return RkvPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # -- worker side -------------------------------------------------------------------------
     def _work(self) -> list[ReqWork]:

@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "read and check every record; exit 1 if corrupt"),
     "scrub": ("rkv.cli.scrub:scrub_cmd",
               "patrol-scrub a store: correct, refresh, repair or drop blocks"),
+    "serve-metrics": ("rkv.cli.metrics:serve_metrics_cmd",
+                      "serve a store's Prometheus metrics over HTTP until interrupted"),
     "migrate": ("rkv.cli.store:migrate_cmd",
                 "upgrade a store's index to the current format"),
     "destroy": ("rkv.cli.store:destroy_cmd",
@@ -43,7 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 #: How ``rkv --help`` groups the commands.
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Stores", ("init", "info", "verify", "scrub", "migrate", "destroy", "demo")),
+    ("Stores", ("init", "info", "verify", "scrub", "serve-metrics", "migrate", "destroy",
+                "demo")),
     ("Reliability", ("campaign", "validate", "faultmodels", "plan")),
     ("Quality", ("quality", "calibrate", "sweep", "report")),
     ("Workloads", ("replay", "moe")),

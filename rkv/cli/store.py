@@ -107,10 +107,26 @@ def info_cmd(**kw: Any) -> int:
 def _tier_columns() -> list[Any]:
     from rkv.ui import Column, human_bytes
 
+    def used(v: Any) -> str:
+        return v if isinstance(v, str) else human_bytes(v)
+
     return [Column("name"), Column("kind"), Column("medium"), Column("blocks", align="right"),
-            Column("bytes", "used", "right", human_bytes),
+            Column("bytes", "used", "right", used),
             Column("capacity_bytes", "capacity", "right", human_bytes), Column("ecc"),
             Column("fault_model", "fault model"), Column("path")]
+
+
+def _shown(tier: dict[str, Any]) -> dict[str, Any]:
+    """A tier's row of the text table: a shared tier's index figures marked as such (its
+    server holds more than this store's index knows of)."""
+    if not tier.get("shared"):
+        return tier
+    if not tier["blocks"]:
+        return {**tier, "blocks": "not counted", "bytes": "(shared)"}
+    from rkv.ui import human_bytes
+
+    return {**tier, "blocks": f"{tier['blocks']} indexed",
+            "bytes": f"{human_bytes(tier['bytes'])} indexed"}
 
 
 def cmd_info(args: Any) -> int:
@@ -136,7 +152,13 @@ def cmd_info(args: Any) -> int:
           f"{st['pinned_chunks']} pinned)")
     print("tiers:")
     sys.stdout.flush()
-    echo_table(tiers, _tier_columns())
+    echo_table([_shown(t) for t in tiers], _tier_columns())
+    for t in tiers:
+        if t.get("shared"):
+            print(f"  {t['name']} is shared: blocks and used count only the blocks this store's "
+                  "index holds there (adopted, or moved there); copies written through to it "
+                  "are counted in the tier they were put in, and other nodes' blocks are not "
+                  "counted (this session's writes: Engine.stats(), rkv serve-metrics)")
     from rkv.store.storemix import mix_table
     print(mix_table(st["tiers"]), end="")
     if args.schedule:

@@ -12,6 +12,7 @@ transaction, and a get reports each sequence's verified prefix and block statuse
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -27,7 +28,16 @@ from rkv.format.tensors import as_kv_array, to_output
 from rkv.store.index import ChunkMeta
 from rkv.store.readpath import Readers
 from rkv.store.remote_share import announce
-from rkv.store.results import CORRECTED, UNCORRECTABLE, BlockLog, BlockStatus, GetResult, PutResult
+from rkv.store.results import (
+    CORRECTED,
+    OK,
+    UNCORRECTABLE,
+    BlockLog,
+    BlockStatus,
+    GetResult,
+    PutResult,
+)
+from rkv.store.tally import model_label
 from rkv.store.txn import Pending
 from rkv.store.upkeep import repair_blocks
 from rkv.store.writepath import PutPlan, put_targets, write_chunks
@@ -86,6 +96,9 @@ def put_many(core: StoreCore, items: Sequence[tuple[Any, Any]], model: ModelSpec
         for (i, _), res in zip(plans, core.mutate(write_all), strict=True):
             results[i] = res     # (their entries are written with access times: no touch)
     done = [r for r in results if r is not None]
+    label = model_label(spec.fingerprint())
+    core.tally.add(Counter({("chunks_written", tier, label): n
+                            for r in done for tier, n in r.tiers.items()}))
     with core.lock:
         c = core.counters
         c["puts"] += len(done)
@@ -178,7 +191,7 @@ def get_many(core: StoreCore, requests: Sequence[Any], model: ModelSpec | dict[s
                                            g.damaged))
             s, e = chunk_bounds(g.n_tokens, core.config.chunk_tokens)[len(g.metas)]
             g.stored += e - s
-    finish_reads(core, [(g.keys, g.metas, g.done, g.log) for g in gets])
+    finish_reads(core, [(g.keys, g.metas, g.done, g.log) for g in gets], fp)
     results = []
     for g in gets:
         kv = g.out if g.out.shape[2] == g.done else g.out[:, :, :g.done]
@@ -187,9 +200,10 @@ def get_many(core: StoreCore, requests: Sequence[Any], model: ModelSpec | dict[s
 
 
 def finish_reads(core: StoreCore, reads: list[tuple[list[bytes], list[ChunkMeta], int,
-                                                     BlockLog]]) -> None:
-    """After reads (keys, index entries, tokens verified, block log each): rewrite corrected
-    blocks (one mutation), record access times, tell the promotions, count."""
+                                                     BlockLog]], fingerprint: bytes) -> None:
+    """After reads (keys, index entries, tokens verified, block log each) of the model of
+    ``fingerprint``: rewrite corrected blocks (one mutation), record access times, tell the
+    promotions, count (per tier and model too: :mod:`rkv.store.tally`)."""
     core.share.forget_failed(reads)
     if core.config.repair and not core.readonly:
         fixes = [(keys[st.chunk], st.layer, st.tier) for keys, _, _, log in reads
@@ -200,6 +214,26 @@ def finish_reads(core: StoreCore, reads: list[tuple[list[bytes], list[ChunkMeta]
     if not core.readonly:
         for keys, metas, done, _ in reads:
             core.moves.after_read(keys, metas, done)
+    by: Counter[tuple[str, str, str]] = Counter()
+    model = model_label(fingerprint)
+    for _, metas, done, log in reads:
+        by["gets", "", model] += 1
+        by["hits" if done > 0 else "misses", "", model] += 1
+        for ci, tiers in log.chunks:
+            blocks = metas[ci].blocks if ci < len(metas) else ()
+            for layer, tier in enumerate(tiers):
+                by["blocks_read", tier, model] += 1
+                if layer < len(blocks):
+                    by["bytes_read", tier, model] += blocks[layer][1]
+        for st in log.extra:          # (a layer stream's blocks are all here)
+            if st.tier in core.tiers:
+                by["blocks_read", st.tier, model] += 1
+        for st in (*log.special.values(), *log.extra):
+            if st.status != OK:
+                by[f"blocks_{st.status}", st.tier, model] += 1
+                by["symbols_corrected", st.tier, model] += st.corrected
+    core.tally.add(by)
+    core.observe_tiers()
     with core.lock:
         c = core.counters
         for _, _, done, log in reads:

@@ -11,7 +11,8 @@ takes a :class:`StoreCore` instead, and touches only its public surface:
   code; ``codecs``: the code alone), ``placement`` (the planner's per-block choices, or
   None);
 * who decides and who reads: ``decisions`` (the one decision site), ``reads``;
-* what the session counted: ``counters`` under ``lock``, through :meth:`count`;
+* what the session counted: ``counters`` under ``lock``, through :meth:`count`; per tier and
+  model: ``tally``; each tier's availability as seen: ``watch`` (:mod:`rkv.store.tally`);
 * the verbs: :meth:`check`, :meth:`prepare`, :meth:`mutate`, :meth:`touch`.
 
 Two services the parts call on each other, remote sharing and promotions, are attached by the
@@ -43,6 +44,7 @@ from rkv.store.index import ChunkMeta, Index
 from rkv.store.paths import Identity
 from rkv.store.readpath import ReadPath
 from rkv.store.results import BlockLog
+from rkv.store.tally import Tally, TierWatch
 from rkv.store.txn import Hooks, Mutator, Pending
 from rkv.tiers import Tier
 
@@ -115,6 +117,8 @@ class StoreCore:
         self.closed = False
         self.lock = threading.RLock()
         self.counters: Counter[str] = Counter()
+        self.tally = Tally()
+        self.watch = TierWatch()
         self.clock: Clock = time.time_ns
         #: Test hooks of the mutation protocol (see :mod:`rkv.store.txn`).
         self.hooks: Hooks = {}
@@ -200,6 +204,11 @@ class StoreCore:
         """Record a use of ``keys``; many pending access times are written at once."""
         if not self.readonly and self.decisions.touch(keys):
             self.mutate(lambda txn, pending: None)
+
+    def observe_tiers(self) -> None:
+        """Poll each tier's ``state`` into :attr:`watch` (logs a change once)."""
+        for name in self.order:
+            self.watch.observe(name, self.tiers[name].state)
 
     def count(self, **counts: int) -> None:
         """Add to this session's counters."""

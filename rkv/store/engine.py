@@ -31,6 +31,8 @@ from rkv.store.config import EngineConfig
 from rkv.store.core import StoreCore
 from rkv.store.envconfig import apply_env
 from rkv.store.index import Index
+from rkv.store.metrics import MetricsServer
+from rkv.store.metrics import serve as serve_metrics
 from rkv.store.paths import (
     Identity,
     destroy_store,
@@ -90,6 +92,8 @@ class Engine:
         #: Probes shared remote tiers on local index misses (rkv.store.remote_share).
         self._share = RemoteShare(core)
         core.attach(self._share, self._promotions)
+        #: Metrics exporters this engine started (stopped at close).
+        self._exporters: list[MetricsServer] = []
 
     @property
     def root(self) -> Path:
@@ -208,6 +212,8 @@ class Engine:
         if core.closed:
             return
         if os.getpid() == core.pid:
+            for exporter in self._exporters:
+                exporter.close()
             if self._scrubber is not None:
                 self._scrubber.close()
             self._promotions.shutdown()
@@ -413,8 +419,19 @@ class Engine:
 
     # -- inspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Store contents, tier usage, block ages per tier and this session's counters."""
+        """Store contents, tier usage, block ages per tier and this session's counters (also
+        per tier and model, ``session_by``), tier availability and the last scrub pass; the
+        Prometheus exporter reads this (docs/metrics.md)."""
         return store_stats(self.core)
+
+    def serve_metrics(self, port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
+        """Export this engine's :meth:`stats` (live session counters included) as Prometheus
+        metrics at ``http://addr:port/metrics`` on a thread (``port`` 0: a free one); the
+        handle's ``close()`` stops it, and so does closing the engine (docs/metrics.md)."""
+        self.core.check()
+        exporter = serve_metrics(self.stats, port, addr)
+        self._exporters.append(exporter)
+        return exporter
 
     def scrub(self, config: ScrubConfig | None = None, *,
               progress: Callable[[int, int], None] | None = None,

@@ -90,7 +90,9 @@ class RemoteShare:
         out = []
         for name in self.names:
             tier = remote_of(self.core.tiers[name])
-            if tier is not None and tier.state != "damaged":
+            if tier is not None and tier.state == "damaged":
+                self.core.watch.observe(name, "damaged")
+            elif tier is not None:
                 out.append((name, tier))
         return out
 
@@ -126,8 +128,12 @@ class RemoteShare:
                 got = self._look(name, tier, todo, spec, fp)
                 if put and tier.macs is not None:
                     got = self._verified(tier, got)
-            except (TierUnavailableError, RkvError):
+            except TierUnavailableError as exc:
+                core.watch.failed(name, str(exc))     # logged once: the get is a miss
                 continue
+            except RkvError:
+                continue
+            core.watch.succeeded(name)
             found += got
             break
         core.count(remote_probes=1)
@@ -328,12 +334,15 @@ class RemoteShare:
                 tier.put_many(items[i:i + 64])
         except RkvError as exc:
             core.count(remote_write_errors=1)
+            if isinstance(exc, TierUnavailableError):
+                core.watch.failed(name, str(exc))
             if not self._warned:         # once per outage, not once per put
                 self._warned = True
                 log.warning("tier %s: write-through failed (%s); puts are kept locally "
                             "until it works again", name, exc)
             return 0
         self._warned = False
+        core.watch.succeeded(name)
         core.count(remote_written_through=len(items))
         return len(items)
 

@@ -195,6 +195,11 @@ class Scrubber:
         if lost:
             self._handle_lost(lost, specs, report)
         report.seconds = time.perf_counter() - t0
+        self.core.tally.add(Counter({(f"scrub_{k}", tier, ""): int(n)
+                                     for tier, t in report.tiers.items()
+                                     for k, n in vars(t).items() if n}))
+        self.core.tally.scrubbed(self.core.clock(), report.total_blocks,
+                                 report.total("scanned"), report.interrupted)
         return report
 
     def _specs(self) -> dict[bytes, ModelSpec]:

@@ -241,7 +241,8 @@ class LayerStream:
             s, e = chunk_bounds(self._n_request, self._core.config.chunk_tokens
                                 )[len(self._metas)]
             self.stored_tokens += e - s
-        finish_reads(self._core, [(self._keys, self._metas, self.n_tokens, log)])
+        finish_reads(self._core, [(self._keys, self._metas, self.n_tokens, log)],
+                     self._p.fp)
 
     @property
     def ok(self) -> bool:

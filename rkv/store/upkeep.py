@@ -79,7 +79,12 @@ def reconcile(core: StoreCore, txn: Any, pending: Pending, drop_tiers: frozenset
                 )
         elif tier.state == "damaged" or not tier.store_id:
             current[name] = sid   # keep the binding: its records may still be read
-            log.warning("tier %s is damaged (%s); its blocks read as errors", name, tier.damage)
+            if tier.state == "damaged":     # logged once, by the watch (rkv.store.tally)
+                core.watch.observe(name, "damaged", f"damaged ({tier.damage}); its blocks "
+                                   "read as errors")
+            else:
+                log.warning("tier %s is damaged (%s); its blocks read as errors", name,
+                            tier.damage)
         elif tier.store_id != sid:
             if tier.state != "new":
                 raise StoreError(
@@ -312,6 +317,7 @@ def stats(core: StoreCore) -> dict[str, Any]:
     """Store contents, tier usage, block ages and this session's counters (see
     :meth:`Engine.stats`)."""
     core.check()
+    core.observe_tiers()
     with core.lock:
         session = dict(core.counters)
         if core.decisions.fallbacks:
@@ -364,4 +370,10 @@ def stats(core: StoreCore) -> dict[str, Any]:
                    for fp, spec in models.items()],
         "tiers": tiers,
         "session": {**session, **placed},
+        #: This session's counters per tier and model ({tier: {model: {counter: n}}}),
+        #: each tier's availability as this process saw it, and the last scrub pass.
+        "session_by": core.tally.nested(),
+        "availability": core.watch.summary(core.order),
+        "last_scrub": core.tally.last_scrub,
+        "now_ns": now_ns(core.clock),
     }
