@@ -27,9 +27,10 @@ class RedisTestCluster(LocalCluster):
             pytest.fail(f"{exc} (scripts/test.sh installs redis-server and redis-cli)")
 
 
-def run_cluster() -> Iterator[RedisTestCluster]:
+def run_cluster(args: tuple[str, ...] = ()) -> Iterator[RedisTestCluster]:
+    """A started cluster (``args``: more server options), stopped afterwards."""
     root = Path(tempfile.mkdtemp(prefix="rkv-cluster-"))
-    cluster = RedisTestCluster(root)
+    cluster = RedisTestCluster(root, args=args)
     cluster.start()
     try:
         yield cluster

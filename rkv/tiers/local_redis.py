@@ -62,10 +62,13 @@ def _ask(port: int, *args: str) -> str:
 
 
 class LocalRedis:
-    """One redis-server on a free loopback port (``cluster``: a cluster-enabled node)."""
+    """One redis-server on a free loopback port (``cluster``: a cluster-enabled node;
+    ``args``: more server options, e.g. ``("--maxmemory", "4mb")``)."""
 
-    def __init__(self, root: Path, *, cluster: bool = False, port: int = 0) -> None:
+    def __init__(self, root: Path, *, cluster: bool = False, port: int = 0,
+                 args: tuple[str, ...] = ()) -> None:
         self.root = Path(root)
+        self.args = args
         self.port = port or free_port(cluster)
         self.cluster = cluster
         self.proc: subprocess.Popen[bytes] | None = None
@@ -86,6 +89,7 @@ class LocalRedis:
             args += ["--cluster-enabled", "yes", "--cluster-config-file",
                      f"nodes-{self.port}.conf", "--cluster-node-timeout", "2000",
                      "--cluster-require-full-coverage", "no"]
+        args += self.args
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT
@@ -115,11 +119,11 @@ class LocalRedis:
 class LocalCluster:
     """A Redis Cluster of ``masters`` cluster-enabled servers, slots spread evenly."""
 
-    def __init__(self, root: Path, masters: int = 3) -> None:
+    def __init__(self, root: Path, masters: int = 3, args: tuple[str, ...] = ()) -> None:
         if masters < 3:
             raise StoreError("a Redis Cluster needs at least 3 masters")
         self.root = Path(root)
-        self.nodes = [LocalRedis(self.root, cluster=True) for _ in range(masters)]
+        self.nodes = [LocalRedis(self.root, cluster=True, args=args) for _ in range(masters)]
 
     @property
     def url(self) -> str:
@@ -147,6 +151,11 @@ class LocalCluster:
                 self.stop()
                 raise StoreError("the cluster did not reach cluster_state:ok")
             time.sleep(0.05)            # polling the cluster's start
+
+    def flush(self) -> None:
+        """Empty every node."""
+        for n in self.nodes:
+            _ask(n.port, "flushall")
 
     def node_of(self, name: str) -> LocalRedis:
         """The node called ``"host:port"``."""

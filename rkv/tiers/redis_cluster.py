@@ -31,13 +31,14 @@ What differs from one server:
 from __future__ import annotations
 
 import threading
+from contextlib import suppress
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from rkv.errors import ConfigError, TierUnavailableError
+from rkv.errors import ConfigError, RkvError, TierUnavailableError
 from rkv.tiers.base import TierSpec
 from rkv.tiers.redis_tier import RedisTier
 from rkv.tiers.remote_config import RemoteSettings, cluster_nodes, uses_tls
@@ -120,21 +121,31 @@ class RedisClusterTier(RedisTier):
 
     def put_many(self, items: Sequence[tuple[bytes, Any]], *, reserve: int = 0) -> None:
         """Write ``items``, pipelined per node; each record whole or not at all, and a batch
-        that fails anywhere raises (see the module docstring)."""
+        that fails anywhere raises (see the module docstring); on an unshared namespace every
+        key of a failed batch is deleted (a record it rewrote included: a miss later)."""
         if not items:
             return
         values = [(self.key(k), self._value(k, v)) for k, v in items]
         ttl = self.settings.ttl_s or None
-        for node, at in self._by_node([k for k, _ in items]).items():
-            part = [values[i] for i in at]
+        try:
+            for node, at in self._by_node([k for k, _ in items]).items():
+                part = [values[i] for i in at]
 
-            def write(c: RedisCluster, part: list[tuple[bytes, bytes]] = part) -> Any:
-                pipe = c.pipeline(transaction=False)
-                for k, v in part:
-                    pipe.set(k, v, ex=ttl)
-                return pipe.execute()
+                def write(c: RedisCluster, part: list[tuple[bytes, bytes]] = part) -> Any:
+                    pipe = c.pipeline(transaction=False)
+                    for k, v in part:
+                        pipe.set(k, v, ex=ttl)
+                    return pipe.execute()
 
-            self._call(write, node)
+                self._call(write, node)
+        except RkvError:
+            # An unshared namespace takes back the failed batch (best effort: every key of
+            # it, since a node's pipeline may have written some before it failed); a shared
+            # one never deletes (another node may have written the same records).
+            if not self.shared:
+                with suppress(RkvError):
+                    self._call(lambda c: c.delete(*[k for k, _ in values]))
+            raise
         self._count(writes=len(values), bytes_written=sum(len(v) for _, v in values))
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
