@@ -94,7 +94,7 @@ class RedisClusterTier(RedisTier):
             return "damaged"
         return "ok"
 
-    def _by_node(self, block_keys: Iterable[bytes]) -> dict[str, list[int]]:
+    def node_groups(self, block_keys: Iterable[bytes]) -> dict[str, list[int]]:
         """The positions of ``block_keys`` grouped by the node that holds each key's slot
         (the client's slot map; a stale one is corrected by MOVED replies)."""
         client = self._call(lambda c: c)
@@ -109,7 +109,7 @@ class RedisClusterTier(RedisTier):
         """The values of ``block_keys``: per node, one pipelined batch of per-slot MGETs;
         where a node is down, a TierUnavailableError in place of each of its values."""
         out: list[Any] = [None] * len(block_keys)
-        for node, at in self._by_node(block_keys).items():
+        for node, at in self.node_groups(block_keys).items():
             names = [self.key(block_keys[i]) for i in at]
             try:
                 got = self._call(lambda c, names=names: c.mget_nonatomic(names), node)
@@ -128,7 +128,7 @@ class RedisClusterTier(RedisTier):
         values = [(self.key(k), self._value(k, v)) for k, v in items]
         ttl = self.settings.ttl_s or None
         try:
-            for node, at in self._by_node([k for k, _ in items]).items():
+            for node, at in self.node_groups([k for k, _ in items]).items():
                 part = [values[i] for i in at]
 
                 def write(c: RedisCluster, part: list[tuple[bytes, bytes]] = part) -> Any:
