@@ -31,8 +31,8 @@ What differs from one server:
 from __future__ import annotations
 
 import threading
-from contextlib import suppress
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from typing import Any
 
 import redis
@@ -72,7 +72,8 @@ class RedisClusterTier(RedisTier):
             if self._client is None:
                 if self._closed:
                     raise redis.ConnectionError("closed")
-                seeds = [ClusterNode(h, p) for h, p in cluster_nodes(self.settings.url,
+                seeds = [ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                         for h, p in cluster_nodes(self.settings.url,
                                                                      self.where)]
                 try:
                     self._client = RedisCluster(startup_nodes=seeds,
@@ -112,7 +113,8 @@ class RedisClusterTier(RedisTier):
         for node, at in self.node_groups(block_keys).items():
             names = [self.key(block_keys[i]) for i in at]
             try:
-                got = self._call(lambda c, names=names: c.mget_nonatomic(names), node)
+                got: list[Any] = self._call(
+                    lambda c, names=names: c.mget_nonatomic(names), node)  # type: ignore[misc]
             except TierUnavailableError as exc:
                 got = [exc] * len(at)
             for i, v in zip(at, got, strict=True):
@@ -132,7 +134,7 @@ class RedisClusterTier(RedisTier):
                 part = [values[i] for i in at]
 
                 def write(c: RedisCluster, part: list[tuple[bytes, bytes]] = part) -> Any:
-                    pipe = c.pipeline(transaction=False)
+                    pipe = c.pipeline(transaction=False)  # type: ignore[no-untyped-call]
                     for k, v in part:
                         pipe.set(k, v, ex=ttl)
                     return pipe.execute()

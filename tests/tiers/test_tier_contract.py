@@ -1,7 +1,8 @@
 """The contract of rkv.tiers.base.Tier, run by every tier: LMDB, Redis (a real server, not
 shared and shared), a bare TierWrapper and a FaultyTier with a zero-rate fault model around
-LMDB, and a Redis Cluster tier (a real 3-master cluster); and the contract of the stand-in for a tier that cannot be opened (UnavailableTier,
-bare and wrapped), whose every access is a typed integrity error.
+LMDB, and a Redis Cluster tier (a real 3-master cluster); and the contract of the stand-in
+for a tier that cannot be opened (UnavailableTier, bare and wrapped), whose every access is
+a typed integrity error.
 
 What every openable tier promises: exact bytes back from get, fetch and a reader, whatever
 bytes-like value or callable was written; None for a missing key; put_many all or none
