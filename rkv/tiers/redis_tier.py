@@ -24,6 +24,8 @@ What rkv promises here (docs/remote.md):
   when it is back.
 * **Shared namespaces** (``shared = true``, the default) are never deleted from: a record one
   node evicts or moves may be another node's prefix.
+* **A Redis Cluster**: :class:`rkv.tiers.redis_cluster.RedisClusterTier` is this tier with
+  keys routed to their nodes (per-node batches, per-node down state).
 * **Credentials** come from the environment or a file and appear nowhere: not in errors,
   logs, ``repr`` or :meth:`stats` (the URL is shown without user info).
 """
@@ -280,7 +282,7 @@ class RedisTier(Tier):
         other calls of the same put or get fail at once instead of waiting again."""
         self.damage = f"{type(exc).__name__}: {exc}"
         self._down_until[node] = time.monotonic() + max(self.settings.retry_after_s, waited)
-        self._count(unavailable=1)
+        self._count(unavailable=1, down=1)     # down: times a server was taken as down
         where = f"{self.where} node {node}" if node else self.where
         raise TierUnavailableError(f"{where} is unavailable: {self.damage}") from None
 
