@@ -133,8 +133,12 @@ class LocalCluster:
     def start(self) -> None:
         """Start the servers, join them into one cluster and wait for ``cluster_state:ok``
         on every node."""
-        for n in self.nodes:
-            n.start()
+        try:
+            for n in self.nodes:
+                n.start()
+        except StoreError:
+            self.stop()        # (the nodes started before the one that failed)
+            raise
         try:
             subprocess.run([_exe("redis-cli"), "--cluster", "create",
                             *(f"127.0.0.1:{n.port}" for n in self.nodes),
