@@ -227,3 +227,15 @@ def test_two_engines_share_prefixes_through_the_cluster(
         assert st["session"]["remote_adopted"] == 5
         assert st["tiers"]["remote"]["kind"] == "redis-cluster"
         assert len(st["tiers"]["remote"]["nodes"]) == 3
+
+
+def test_a_cluster_that_cannot_start_leaves_no_server(tmp_path: Path) -> None:
+    """A node that fails to start (a port too high for a cluster bus) stops the others."""
+    from rkv.errors import StoreError
+    from rkv.tiers.local_redis import LocalCluster
+
+    cluster = LocalCluster(tmp_path)
+    cluster.nodes[2].port = 60000
+    with pytest.raises(StoreError, match="did not start"):
+        cluster.start()
+    assert [n.proc for n in cluster.nodes] == [None, None, None]
