@@ -3,8 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-# The remote-tier tests start their own redis-server on a loopback port (tests/redis_server.py).
-command -v redis-server >/dev/null || (apt-get update -qq >/dev/null && \
+# The remote-tier tests start their own redis-server on a loopback port (tests/redis_server.py)
+# and a 3-master cluster with redis-cli --cluster create (tests/redis_cluster.py; redis-cli
+# comes with the redis-server package).
+{ command -v redis-server && command -v redis-cli; } >/dev/null || (apt-get update -qq >/dev/null && \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 .venv/bin/ruff check .
 .venv/bin/mypy

@@ -6,6 +6,7 @@ from pathlib import Path
 from rkv.errors import CorruptStoreError, ReadOnlyStoreError, StoreError
 from rkv.tiers.base import Tier, TierReader, TierSpec
 from rkv.tiers.lmdb_tier import LmdbTier
+from rkv.tiers.remote_config import is_cluster
 from rkv.tiers.unavailable import UnavailableTier
 from rkv.tiers.wrapper import TierWrapper, unwrap
 
@@ -18,6 +19,10 @@ def open_tier(t: TierSpec, path: Path, readonly: bool) -> Tier:
     opened (damaged, or missing in a read-only open); a remote tier when ``t.remote`` holds
     its settings."""
     if t.remote is not None:
+        if is_cluster(t.remote.url):
+            from rkv.tiers.redis_cluster import RedisClusterTier  # (redis only when used)
+
+            return RedisClusterTier(t, t.remote)
         from rkv.tiers.redis_tier import RedisTier  # (imports redis only when used)
 
         return RedisTier(t, t.remote)

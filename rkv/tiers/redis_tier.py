@@ -24,6 +24,8 @@ What rkv promises here (docs/remote.md):
   when it is back.
 * **Shared namespaces** (``shared = true``, the default) are never deleted from: a record one
   node evicts or moves may be another node's prefix.
+* **A Redis Cluster**: :class:`rkv.tiers.redis_cluster.RedisClusterTier` is this tier with
+  keys routed to their nodes (per-node batches, per-node down state).
 * **Credentials** come from the environment or a file and appear nowhere: not in errors,
   logs, ``repr`` or :meth:`stats` (the URL is shown without user info).
 """
@@ -51,7 +53,7 @@ from rkv.errors import (
 )
 from rkv.format.record_mac import MacKeys
 from rkv.tiers.base import Tier, TierSpec
-from rkv.tiers.remote_config import RemoteSettings, mac_key, read_secret, redact_url
+from rkv.tiers.remote_config import RemoteSettings, mac_key, read_secret, redact_url, uses_tls
 
 T = TypeVar("T")
 #: A remote tier has no storage of its own to identify: every node sees the same id, and a
@@ -60,7 +62,9 @@ REMOTE_STORE_ID = hashlib.blake2b(b"rkv-remote-tier", digest_size=16).hexdigest(
 _ABSENT = object()
 
 
-def _connection_kwargs(s: RemoteSettings, name: str) -> dict[str, Any]:
+def connection_kwargs(s: RemoteSettings, name: str) -> dict[str, Any]:
+    """The client options of a remote tier: timeouts, pool, no client retries, credentials
+    and TLS (shared by the one-server and the cluster tier)."""
     kw: dict[str, Any] = {
         "socket_timeout": s.timeout_s,
         "socket_connect_timeout": s.connect_timeout_s,
@@ -75,14 +79,15 @@ def _connection_kwargs(s: RemoteSettings, name: str) -> dict[str, Any]:
         kw["username"] = s.username
     if s.password:
         kw["password"] = read_secret(s.password, f"tier {name}: remote.password")
-    if s.url.startswith("rediss:"):
+    if uses_tls(s.url):
         kw["ssl_cert_reqs"] = "required" if s.tls_verify else "none"
         for opt, arg in (("tls_ca", "ssl_ca_certs"), ("tls_cert", "ssl_certfile"),
                          ("tls_key", "ssl_keyfile")):
             if getattr(s, opt):
                 kw[arg] = getattr(s, opt)
     elif s.tls_ca or s.tls_cert or s.tls_key:
-        raise ConfigError(f"tier {name}: tls_* options need a rediss:// url")
+        raise ConfigError(f"tier {name}: tls_* options need a rediss:// (or "
+                          "rediss+cluster://) url")
     return kw
 
 
@@ -120,11 +125,13 @@ class _Reader:
                 self._fetch_window(i)
                 value = self._fetched.pop(key, None)
             else:
-                value = tier._call(lambda c: c.get(tier.key(key)))
+                value = tier.fetch_values([key])[0]
                 tier._count(gets=1)
         if value is None:
             tier._count(misses=1)
             return None
+        if isinstance(value, TierUnavailableError):   # its node is down (a cluster tier)
+            raise value
         if isinstance(value, _Opened):
             tier._count(hits=1, bytes_read=len(value.value))
             if isinstance(value.checked, BaseException):
@@ -145,16 +152,17 @@ class _Reader:
             keys.append(k)
             budget -= max(size, 1)
             j += 1
-        values: list[Any] = tier._call(lambda c: c.mget([tier.key(k) for k in keys]))
+        values = tier.fetch_values(keys)
         tier._count(mgets=1)
         if tier.macs is not None:      # MACs of the window checked on the codec pool
             from rkv.parallel import pmap
 
             macs = tier.macs
-            checked = pmap(lambda kv: None if kv[1] is None else macs.open(kv[0], kv[1]),
+            checked = pmap(lambda kv: None if not isinstance(kv[1], bytes)
+                           else macs.open(kv[0], kv[1]),
                            list(zip(keys, values, strict=True)), capture=True,
-                           nbytes=sum(len(v) for v in values if v is not None))
-            values = [None if v is None else _Opened(v, c)
+                           nbytes=sum(len(v) for v in values if isinstance(v, bytes)))
+            values = [v if not isinstance(v, bytes) else _Opened(v, c)
                       for v, c in zip(values, checked, strict=True)]
         self._fetched.update(zip(keys, values, strict=True))
         self._next = j
@@ -169,7 +177,10 @@ class RedisTier(Tier):
         self.damage: str | None = None
         self.where = f"tier {spec.name} ({redact_url(settings.url)}, {settings.namespace})"
         self._prefix = f"rkv:{settings.namespace}:".encode()
-        self._down_until = 0.0
+        #: Until when each server is taken as down ("": the tier's one server; a cluster
+        #: tier keys its nodes by "host:port").
+        self._down_until: dict[str, float] = {}
+        self._closed = False
         self._lock = threading.Lock()
         self._counters: Counter[str] = Counter()
         self.macs: MacKeys | None = None
@@ -178,19 +189,26 @@ class RedisTier(Tier):
                     for kid, src in settings.mac_keys.items()}
             self.macs = MacKeys(keys, settings.mac_key_id, settings.mac_algorithm,
                                 namespace=settings.namespace)
-        kw = _connection_kwargs(settings, spec.name)
-        try:
-            self._pool: redis.ConnectionPool | None = redis.ConnectionPool.from_url(
-                settings.url, **kw)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{self.where}: bad connection settings: "
-                              f"{type(exc).__name__}") from None
-        self._client = redis.Redis(connection_pool=self._pool)
+        self._client: Any = self._connect(connection_kwargs(settings, spec.name))
         # A first contact: wrong credentials fail the open, a down server does not.
         with suppress(TierUnavailableError):
             self._call(lambda c: c.ping())
 
     # -- plumbing ---------------------------------------------------------------------------
+    def _connect(self, kw: dict[str, Any]) -> Any:
+        """The client (a cluster tier makes a cluster client instead)."""
+        try:
+            pool = redis.ConnectionPool.from_url(self.settings.url, **kw)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{self.where}: bad connection settings: "
+                              f"{type(exc).__name__}") from None
+        return redis.Redis.from_pool(pool)
+
+    def _handle(self) -> Any:
+        """The client a call runs on (a cluster tier opens its client here, when first
+        needed)."""
+        return self._client
+
     def __repr__(self) -> str:
         return f"RedisTier({self.where})"
 
@@ -201,7 +219,11 @@ class RedisTier(Tier):
     @property
     def state(self) -> str:   # type: ignore[override]
         """``"damaged"`` while the server is taken as down (placement skips the tier)."""
-        return "damaged" if time.monotonic() < self._down_until else "ok"
+        return "damaged" if self.node_down("") else "ok"
+
+    def node_down(self, node: str) -> bool:
+        """Whether ``node`` ("" for the whole tier) is taken as down now."""
+        return time.monotonic() < self._down_until.get(node, 0.0)
 
     def key(self, block_key: bytes) -> bytes:
         return self._prefix + block_key.hex().encode()
@@ -210,56 +232,65 @@ class RedisTier(Tier):
         with self._lock:
             self._counters.update(counts)
 
-    def _call(self, fn: Callable[[redis.Redis], T]) -> T:
+    def _call(self, fn: Callable[[Any], T], node: str = "") -> T:
         """``fn(client)`` with the server's failures as typed errors. A refused or dropped
         connection is retried at once (up to ``retries`` times, while ``timeout_s`` has not
         passed); a timeout is not (the server did not answer for that long). So a call fails
         within ``connect_timeout_s + 2 * timeout_s`` (:attr:`RemoteSettings.give_up_s`) and
-        then marks the tier down (see the module docstring)."""
-        if self._pool is None:
+        then marks the tier down (see the module docstring); ``node`` names the server that
+        is marked down (a cluster tier's node; "": the whole tier)."""
+        if self._closed:
             from rkv.errors import StoreClosedError
 
             raise StoreClosedError(f"{self.where} is closed")
-        if time.monotonic() < self._down_until:
+        where = f"{self.where} node {node}" if node else self.where
+        if self.node_down(node):
             self._count(unavailable=1)
-            raise TierUnavailableError(f"{self.where} is unavailable ({self.damage}); "
+            raise TierUnavailableError(f"{where} is unavailable ({self.damage}); "
                                        "retrying later")
         start = time.monotonic()
         failures = 0
         while True:
             try:
-                out = fn(self._client)
+                out = fn(self._handle())
                 break
             except (redis.AuthenticationError, redis.exceptions.AuthorizationError,
                     redis.exceptions.NoPermissionError) as exc:
-                raise StoreError(f"{self.where}: the server refused the credentials or the "
+                raise StoreError(f"{where}: the server refused the credentials or the "
                                  f"command ({type(exc).__name__}; user "
                                  f"{self.settings.username or 'default'!r})") from None
             except redis.TimeoutError as exc:
-                self._down(exc, time.monotonic() - start)
+                self._down(exc, time.monotonic() - start, node)
             except redis.ConnectionError as exc:
                 failures += 1
                 pause = min(0.25, 0.01 * 2 ** failures)
                 if (failures > self.settings.retries
                         or time.monotonic() - start + pause >= self.settings.timeout_s):
-                    self._down(exc, 0.0)
+                    self._down(exc, 0.0, node)
                 time.sleep(pause)       # a restarting server: give it a moment
             except redis.exceptions.OutOfMemoryError:
-                raise TierFullError(f"{self.where}: the server is out of memory "
+                raise TierFullError(f"{where}: the server is out of memory "
                                     "(maxmemory)") from None
             except redis.RedisError as exc:     # a ResponseError included
-                raise StoreError(f"{self.where}: {type(exc).__name__}: {exc}") from None
+                raise StoreError(f"{where}: {type(exc).__name__}: {exc}") from None
         self.damage = None
         return out
 
-    def _down(self, exc: Exception, waited: float) -> NoReturn:
+    def _down(self, exc: Exception, waited: float, node: str = "") -> NoReturn:
         """Mark the tier down after a failed call that waited ``waited`` seconds for the
         server: for ``retry_after_s``, or as long as it waited if that is longer, so the
         other calls of the same put or get fail at once instead of waiting again."""
         self.damage = f"{type(exc).__name__}: {exc}"
-        self._down_until = time.monotonic() + max(self.settings.retry_after_s, waited)
-        self._count(unavailable=1)
-        raise TierUnavailableError(f"{self.where} is unavailable: {self.damage}") from None
+        self._down_until[node] = time.monotonic() + max(self.settings.retry_after_s, waited)
+        self._count(unavailable=1, down=1)     # down: times a server was taken as down
+        where = f"{self.where} node {node}" if node else self.where
+        raise TierUnavailableError(f"{where} is unavailable: {self.damage}") from None
+
+    def fetch_values(self, block_keys: Sequence[bytes]) -> list[Any]:
+        """The stored values of ``block_keys`` in one MGET (None where absent; a cluster
+        tier puts a TierUnavailableError where a key's node is down)."""
+        values: list[Any] = self._call(lambda c: c.mget([self.key(k) for k in block_keys]))
+        return values
 
     def open_value(self, block_key: bytes, value: bytes) -> memoryview:
         """The record inside a stored value (its MAC verified on an authenticated tier)."""
@@ -366,6 +397,8 @@ class RedisTier(Tier):
         }
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.disconnect()
-            self._pool = None
+        if not self._closed:
+            self._closed = True
+            handle, self._client = self._client, None
+            if handle is not None:
+                handle.close()

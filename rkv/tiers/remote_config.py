@@ -30,6 +30,13 @@ MIN_KEY_BYTES, MAX_KEY_BYTES = 16, 64
 
 def redact_url(url: str) -> str:
     """``url`` without any user info (what logs, errors and stats show)."""
+    if is_cluster(url):
+        parts = urlsplit(url)
+        try:
+            nodes = ",".join(f"{h}:{p}" for h, p in cluster_nodes(url, "url"))
+        except ConfigError:
+            nodes = "(bad node list)"
+        return urlunsplit((parts.scheme, nodes, parts.path, "", ""))
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -38,22 +45,62 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+#: Schemes of a Redis Cluster (or Valkey cluster: the same protocol), TLS or not.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+def is_cluster(url: str) -> bool:
+    """Whether ``url`` names a cluster (``redis+cluster://host:port[,host:port...]/``)."""
+    return isinstance(url, str) and url.partition(":")[0] in CLUSTER_SCHEMES
+
+
+def uses_tls(url: str) -> bool:
+    return url.partition(":")[0] in ("rediss", "rediss+cluster")
+
+
+def cluster_nodes(url: str, what: str) -> list[tuple[str, int]]:
+    """The seed nodes of a cluster URL, each ``(host, port)``; a ConfigError names what is
+    wrong (never the user info)."""
+    netloc = urlsplit(url).netloc.rpartition("@")[2]
+    nodes: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        host, sep, port = part.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{what}: cluster node {part!r} must be host:port "
+                              "(e.g. redis+cluster://10.0.0.1:7000,10.0.0.2:7000/)")
+        nodes.append((host, int(port)))
+    return nodes
+
+
 def check_url(url: Any, what: str) -> None:
     if not isinstance(url, str) or not url:
         raise ConfigError(f"{what}: a redis tier needs url = \"redis://host:port/db\"")
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - parsing validates the port
+        if not is_cluster(url):
+            parts.port  # noqa: B018 - parsing validates the port
     except ValueError as exc:
         raise ConfigError(f"{what}: bad url {redact_url(url)!r}: {exc}") from exc
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"{what}: url scheme must be redis://, rediss:// (TLS) or unix://, "
-                          f"got {parts.scheme!r}")
-    if parts.password is not None:
+    if parts.scheme in CLUSTER_SCHEMES:
+        cluster_nodes(url, what)
+        if parts.path not in ("", "/", "/0"):
+            raise ConfigError(f"{what}: a cluster has one database (0): end the url with "
+                              f"\"/\", not {parts.path!r}")
+    elif parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"{what}: url scheme must be redis://, rediss:// (TLS), unix://, "
+                          f"redis+cluster:// or rediss+cluster://, got {parts.scheme!r}")
+    if _password(parts.netloc) is not None:
         raise ConfigError(f"{what}: the url holds a password; give it as remote.password = "
                           "\"env:VAR\" or \"file:PATH\" (the config is stored in the index)")
     if parts.query:
         raise ConfigError(f"{what}: url options go in the remote table, not the query string")
+
+
+def _password(netloc: str) -> str | None:
+    """The password in a url's user info (None: none given)."""
+    user, at, _ = netloc.rpartition("@")
+    return user.partition(":")[2] if at and ":" in user else None
 
 
 def read_secret(source: str, what: str) -> str:

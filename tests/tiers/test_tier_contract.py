@@ -1,7 +1,8 @@
 """The contract of rkv.tiers.base.Tier, run by every tier: LMDB, Redis (a real server, not
 shared and shared), a bare TierWrapper and a FaultyTier with a zero-rate fault model around
-LMDB; and the contract of the stand-in for a tier that cannot be opened (UnavailableTier,
-bare and wrapped), whose every access is a typed integrity error.
+LMDB, and a Redis Cluster tier (a real 3-master cluster); and the contract of the stand-in
+for a tier that cannot be opened (UnavailableTier, bare and wrapped), whose every access is
+a typed integrity error.
 
 What every openable tier promises: exact bytes back from get, fetch and a reader, whatever
 bytes-like value or callable was written; None for a missing key; put_many all or none
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from redis_cluster import RedisTestCluster, run_cluster
 from redis_server import RedisServer, serve
 
 import faultmodels
@@ -67,7 +69,9 @@ def lmdb_opener(tmp_path: Path) -> Callable[[bool], Tier]:
     return open_lmdb
 
 
-def redis_opener(request: pytest.FixtureRequest, shared: bool) -> Callable[[bool], Tier]:
+def redis_opener(request: pytest.FixtureRequest, shared: bool,
+                 cluster: bool = False) -> Callable[[bool], Tier]:
+    from rkv.tiers.redis_cluster import RedisClusterTier
     from rkv.tiers.redis_tier import RedisTier
     from rkv.tiers.remote_config import RemoteSettings
 
@@ -76,13 +80,23 @@ def redis_opener(request: pytest.FixtureRequest, shared: bool) -> Callable[[bool
                     "server (scripts/test.sh installs it)")
 
     def open_redis(small: bool) -> Tier:
-        server: RedisServer = request.getfixturevalue("full_redis" if small else "redis_server")
-        if small:
-            server.flush()       # the tests that fill this server leave it full
-        settings = RemoteSettings(url=server.url, namespace=uuid.uuid4().hex[:12],
+        if cluster:
+            nodes: RedisTestCluster = request.getfixturevalue(
+                "full_cluster" if small else "contract_cluster")
+            if small:
+                nodes.flush()    # the tests that fill these servers leave them full
+            url = nodes.url
+        else:
+            server: RedisServer = request.getfixturevalue(
+                "full_redis" if small else "redis_server")
+            if small:
+                server.flush()       # the tests that fill this server leave it full
+            url = server.url
+        settings = RemoteSettings(url=url, namespace=uuid.uuid4().hex[:12],
                                   shared=shared, retry_after_s=0.0, timeout_s=2.0,
                                   connect_timeout_s=1.0)
-        return RedisTier(TierSpec("t", 1 << 30, remote=settings), settings)
+        return (RedisClusterTier if cluster else RedisTier)(
+            TierSpec("t", 1 << 30, remote=settings), settings)
     return open_redis
 
 
@@ -92,7 +106,18 @@ def full_redis() -> Iterator[RedisServer]:
     yield from serve(("--maxmemory", "4mb", "--maxmemory-policy", "noeviction"))
 
 
-KINDS = ["lmdb", "redis", "redis-shared", "wrapper-lmdb", "faulty-lmdb"]
+@pytest.fixture(scope="session")
+def contract_cluster() -> Iterator[RedisTestCluster]:
+    yield from run_cluster()
+
+
+@pytest.fixture(scope="session")
+def full_cluster() -> Iterator[RedisTestCluster]:
+    """A cluster of 4 MiB masters that refuse writes when full."""
+    yield from run_cluster(("--maxmemory", "4mb", "--maxmemory-policy", "noeviction"))
+
+
+KINDS = ["lmdb", "redis", "redis-shared", "redis-cluster", "wrapper-lmdb", "faulty-lmdb"]
 
 
 @pytest.fixture(params=KINDS)
@@ -100,7 +125,8 @@ def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kind]:
     name = request.param
     opened: list[Tier] = []
     if name.startswith("redis"):
-        base = redis_opener(request, shared=name == "redis-shared")
+        base = redis_opener(request, shared=name == "redis-shared",
+                            cluster=name == "redis-cluster")
     else:
         base = lmdb_opener(tmp_path)
     wrap: Callable[[Tier], Tier] = {"wrapper-lmdb": TierWrapper,
