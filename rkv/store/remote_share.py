@@ -236,18 +236,21 @@ class RemoteShare:
         prefix, each verified by its headers (see the module docstring)."""
         chunk_tokens = self.core.config.chunk_tokens
         wanted = list(dict.fromkeys(k for keys, i, _ in todo for k in keys[i:]))
-        lens = tier._call(lambda c: _pipe(c, [("strlen", tier.key(block_key(k, 0)))
-                                              for k in wanted]))
-        present = {k for k, n in zip(wanted, lens, strict=True) if n}
+        lens = tier.peek([("strlen", block_key(k, 0)) for k in wanted], PROBE_BYTES)
+        down = [n for n in lens if isinstance(n, TierUnavailableError)]
+        if down and len(down) == len(lens):
+            raise down[0]           # no node answered: the tier is down for this probe
+        # A down cluster node's chunks stay unknown (a miss); the other nodes' are adopted.
+        present = {k for k, n in zip(wanted, lens, strict=True) if isinstance(n, int) and n}
         heads: dict[bytes, list[bytes]] = {}
         first = [k for k in wanted if k in present]
         if first:
             L = spec.n_layers
-            cmds = [("getrange", tier.key(block_key(k, layer)))
-                    for k in first for layer in range(L)]
-            got = tier._call(lambda c: _pipe(c, cmds))
+            got = tier.peek([("head", block_key(k, layer)) for k in first
+                             for layer in range(L)], PROBE_BYTES)
             for j, k in enumerate(first):
-                heads[k] = got[L * j:L * (j + 1)]
+                # (a layer on a node that went down in between: unusable, as if missing)
+                heads[k] = [h if isinstance(h, bytes) else b"" for h in got[L * j:L * (j + 1)]]
         now = time.time_ns()
         out = []
         for keys, start, n_tokens in todo:
@@ -394,17 +397,6 @@ def _forget(core: StoreCore, keys: Sequence[bytes],
         return n
 
     return int(core.mutate(forget))
-
-
-def _pipe(client: Any, cmds: list[tuple[str, bytes]]) -> list[Any]:
-    """One round trip of ``strlen`` or ``getrange`` (the first :data:`PROBE_BYTES`)."""
-    pipe = client.pipeline(transaction=False)
-    for op, key in cmds:
-        if op == "strlen":
-            pipe.strlen(key)
-        else:
-            pipe.getrange(key, 0, PROBE_BYTES - 1)
-    return list(pipe.execute())
 
 
 def announce(core: StoreCore, readers: Any, reads: Sequence[tuple[list[bytes], Sequence[ChunkMeta]]]

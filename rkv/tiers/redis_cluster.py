@@ -40,7 +40,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from rkv.errors import ConfigError, RkvError, TierUnavailableError
 from rkv.tiers.base import TierSpec
-from rkv.tiers.redis_tier import RedisTier
+from rkv.tiers.redis_tier import RedisTier, peek_pipeline
 from rkv.tiers.remote_config import RemoteSettings, cluster_nodes, uses_tls
 
 
@@ -115,6 +115,22 @@ class RedisClusterTier(RedisTier):
             try:
                 got: list[Any] = self._call(
                     lambda c, names=names: c.mget_nonatomic(names), node)  # type: ignore[misc]
+            except TierUnavailableError as exc:
+                got = [exc] * len(at)
+            for i, v in zip(at, got, strict=True):
+                out[i] = v
+        return out
+
+    def peek(self, ops: Sequence[tuple[str, bytes]], head_bytes: int) -> list[Any]:
+        """:meth:`RedisTier.peek` pipelined per node; a down node's answers are each a
+        TierUnavailableError (the shared-prefix probe then finds the other nodes' chunks)."""
+        out: list[Any] = [None] * len(ops)
+        for node, at in self.node_groups([k for _, k in ops]).items():
+            names = [(ops[i][0], self.key(ops[i][1])) for i in at]
+            try:
+                got: list[Any] = self._call(
+                    lambda c, names=names: peek_pipeline(c, names, head_bytes),  # type: ignore[misc]
+                    node)
             except TierUnavailableError as exc:
                 got = [exc] * len(at)
             for i, v in zip(at, got, strict=True):

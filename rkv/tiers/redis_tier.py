@@ -292,6 +292,16 @@ class RedisTier(Tier):
         values: list[Any] = self._call(lambda c: c.mget([self.key(k) for k in block_keys]))
         return values
 
+    def peek(self, ops: Sequence[tuple[str, bytes]], head_bytes: int) -> list[Any]:
+        """Per ``(op, block key)``, in one pipelined round trip: ``"strlen"`` gives the value's
+        length (0 where there is none), ``"head"`` its first ``head_bytes`` (``b""`` where
+        there is none). A down server raises TierUnavailableError; a cluster tier puts one
+        in place of each answer of a down node instead, so the other nodes' answers stand."""
+        if not ops:
+            return []
+        names = [(op, self.key(k)) for op, k in ops]
+        return self._call(lambda c: peek_pipeline(c, names, head_bytes))
+
     def open_value(self, block_key: bytes, value: bytes) -> memoryview:
         """The record inside a stored value (its MAC verified on an authenticated tier)."""
         if self.macs is None:
@@ -402,3 +412,16 @@ class RedisTier(Tier):
             handle, self._client = self._client, None
             if handle is not None:
                 handle.close()
+
+
+def peek_pipeline(client: Any, ops: Sequence[tuple[str, bytes]], head_bytes: int) -> list[Any]:
+    """:meth:`RedisTier.peek`'s commands (on stored names) in one pipeline."""
+    pipe = client.pipeline(transaction=False)
+    for op, name in ops:
+        if op == "strlen":
+            pipe.strlen(name)
+        elif op == "head":
+            pipe.getrange(name, 0, head_bytes - 1)
+        else:
+            raise ValueError(f"peek: unknown op {op!r}")
+    return list(pipe.execute())

@@ -239,3 +239,45 @@ def test_a_cluster_that_cannot_start_leaves_no_server(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="did not start"):
         cluster.start()
     assert [n.proc for n in cluster.nodes] == [None, None, None]
+
+
+def test_a_dead_master_leaves_the_prefix_on_the_live_nodes_adoptable(
+        tmp_path: Path, own_cluster: RedisTestCluster) -> None:
+    """The shared-prefix probe asks each node apart: with one master killed, a second
+    engine adopts the chunks up to the first one with a layer on the dead node (its own
+    prefix), instead of missing the whole prefix as a cross-node probe would."""
+    from rkv.format.keys import as_token_array, block_key, chunk_keys
+
+    tokens = list(range(70))
+    keys = chunk_keys(as_token_array(tokens), SMALL.fingerprint(), 16)
+    from redis.cluster import RedisCluster
+
+    raw = RedisCluster(host="127.0.0.1", port=own_cluster.nodes[0].port)
+    # A namespace whose layout puts all of chunk 0 off some node (7 in 9 do).
+    for _ in range(40):
+        space = ns()
+        first: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            for layer in range(SMALL.n_layers):
+                name = f"rkv:{space}:{block_key(k, layer).hex()}"
+                first.setdefault(raw.get_node_from_key(name).name, i)
+        victim, expect = max(((n, first.get(n, len(keys))) for n in
+                              (f"127.0.0.1:{x.port}" for x in own_cluster.nodes)),
+                             key=lambda t: t[1])
+        if expect > 0:
+            break
+    else:
+        pytest.fail("no namespace put chunk 0 off a node in 40 tries")
+    raw.close()
+    cfg = remote_config(own_cluster.url, space, local=True)
+    kv = random_kv(SMALL, 70, seed=5)
+    with Engine.open(tmp_path / "a", cfg) as a:
+        a.put(tokens, kv, model=SMALL)
+    node = next(x for x in own_cluster.nodes if f"127.0.0.1:{x.port}" == victim)
+    node.stop(signal.SIGKILL)
+    with Engine.open(tmp_path / "b", cfg) as b:
+        want = min(expect * 16, 70)
+        assert b.lookup(tokens, model=SMALL) == want
+        got = b.get(tokens, model=SMALL)
+        assert got.n_tokens == want
+        np.testing.assert_array_equal(got.kv, kv[:, :, :want])
