@@ -214,6 +214,7 @@ def _columns() -> list[Any]:
             Column("bytes_per_token", "MB/token", "right", lambda v: f"{v / 1e6:.1f}"),
             Column("precision", "precision %", "right", pct),
             Column("recall", "recall %", "right", pct),
+            Column("extra_misses", "extra miss %", "right", pct),
             Column("stall_per_token", "stall ms/token", "right", lambda v: f"{1e3 * v:.2f}"),
             Column("gap_closed", "gap closed %", "right", pct)]
 
@@ -221,8 +222,8 @@ def _columns() -> list[Any]:
 def table_rows(results: Sequence[MoEResult]) -> list[dict[str, Any]]:
     return [{"label": r.label, "budget": r.budget, "hit_ratio": r.hit_ratio,
              "bytes_per_token": r.bytes_per_token, "precision": r.precision,
-             "recall": r.recall, "stall_per_token": r.stall_per_token,
-             "gap_closed": r.gap_closed} for r in results]
+             "recall": r.recall, "extra_misses": r.extra_misses,
+             "stall_per_token": r.stall_per_token, "gap_closed": r.gap_closed} for r in results]
 
 
 def format_table(results: Sequence[MoEResult], *, markdown: bool = False,
