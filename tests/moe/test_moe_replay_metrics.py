@@ -59,3 +59,23 @@ def test_old_recall_went_negative_here(results: list[R.MoEResult]) -> None:
 def test_table_shows_the_columns(results: list[R.MoEResult]) -> None:
     head = format_table(results).splitlines()[0]
     assert "recall %" in head and "extra miss %" in head and "gap closed %" in head
+
+
+def test_figure_draws_the_two_belady_optima_apart(results: list[R.MoEResult]) -> None:
+    from rkv.cli.moe_replay import figure
+
+    fig = figure(results)
+    try:
+        for ax in fig.axes:
+            lines = {ln.get_label(): ln for ln in ax.get_lines()}
+            per = lines["Belady MIN, per-layer caches (demand-only optimum)"]
+            glob = lines["Belady MIN, one global cache (demand-only optimum)"]
+            assert (per.get_linestyle(), per.get_marker()) != (
+                glob.get_linestyle(), glob.get_marker())
+            assert per.get_color() != glob.get_color()
+            assert lines["lru +cooccur (per-layer)"].get_linestyle() == ":"
+            assert lines["lru (per-layer)"].get_linestyle() == "-"
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
