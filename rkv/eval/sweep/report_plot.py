@@ -251,6 +251,8 @@ OUTCOME_STYLE = (("sdc", "o", "tab:red", -0.2), ("due", "^", "tab:blue", 0.2),
 def figure_reliability(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
     """Per-block SDC, DUE and degraded rates per protection and bits: the figure."""
     del front            # every setting is drawn the same: rates are not a front
+    from matplotlib.legend_handler import HandlerTuple
+
     names = tiers(sets)
     fig, axes = _grid(plt, len(names))
     for ax, tier in zip(axes, names, strict=True):
@@ -285,17 +287,21 @@ def figure_reliability(plt: Any, sets: Sequence[Setting], front: set[str]) -> An
                      + ("" if group else "\nno reliability metric for this tier"),
                      fontsize=7.5)
         ax.grid(True, axis="y", which="major", lw=0.3, alpha=0.5)
-    handles = [
+    handles: list[Any] = [
         plt.Line2D([], [], ls="", marker="o", color="tab:red", label="SDC: wrong data, unflagged"),
         plt.Line2D([], [], ls="", marker="^", color="tab:blue",
                    label="DUE: detected, recomputed (raw: the medium reported it)"),
         *([plt.Line2D([], [], ls="", marker="d", color="tab:olive", label="degraded")]
           if any(s.degraded is not None and s.degraded.n for s in sets) else []),
-        plt.Line2D([], [], ls="", marker=7, mfc="none", mec=BOUND_COLOUR, color=BOUND_COLOUR,
-                   label="open grey + caret: none seen, 95 % upper bound"),
+        # The bound's own look (open grey marker over a caret), not a bare caret.
+        (plt.Line2D([], [], ls="", marker="o", mfc="none", mec=BOUND_COLOUR),
+         plt.Line2D([], [], ls="", marker=7, ms=3.5, color=BOUND_COLOUR)),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False,
-               bbox_to_anchor=(0.5, -0.03))
+    labels = [h.get_label() for h in handles[:-1]] + [
+        "upper bound (no events seen): 95 %, the rate is at or below it"]
+    fig.legend(handles=handles, labels=labels, loc="lower center", ncol=4, fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, -0.03),
+               handler_map={tuple: HandlerTuple(ndivide=None, pad=0.0)})
     fig.suptitle("Per-block outcomes of the fault campaigns, raw storage vs rkv "
                  "(fault rates as configured per tier)", fontsize=8.5)
     fig.tight_layout(rect=(0, 0.03, 1, 0.97))
