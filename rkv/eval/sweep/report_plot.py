@@ -170,6 +170,12 @@ def figure_pareto(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
         if not any(s.kl is not None for s in group):
             notes.append("no quality metric in this sweep: see the reliability figure")
         clusters: dict[str, list[tuple[float, float]]] = {}
+        spread: dict[str, float] = {}
+        for b in {s.bits for s in pts if s.bits is not None}:
+            same = sorted((s for s in pts if s.bits == b),
+                          key=lambda s: (_x(s, cost), order.index(protection(s))))
+            for i, s in enumerate(same):
+                spread[s.key] = 8.0 * (i - (len(same) - 1) / 2)
         for s in pts:
             assert s.kl is not None
             x, y = _x(s, cost), max(s.kl.mean, 0.0)
@@ -177,8 +183,9 @@ def figure_pareto(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
             lo = min(max(s.kl.lo, 0.0), y) if math.isfinite(s.kl.lo) else y
             marker, colour = styles[protection(s)]
             # Protections of one bit-width store nearly the same bytes: each is drawn a few
-            # points aside (in its legend order) so that no marker hides another.
-            dx = 6.0 * (order.index(protection(s)) - (len(order) - 1) / 2)
+            # points aside, in the order of its bytes (so that the offsets never swap two
+            # points' places), so that no marker hides another.
+            dx = spread.get(s.key, 0.0)
             at = offset_copy(ax.transData, fig=fig, x=dx, y=0, units="points")
             ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="none", ecolor=colour,
                         alpha=0.6, elinewidth=0.8, capsize=2, zorder=1, transform=at)
