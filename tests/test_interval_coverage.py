@@ -178,3 +178,12 @@ def test_wilson_covers_few_events_over_p() -> None:
     h = 1.96 * np.sqrt(ph * (1 - ph) / n)
     with pytest.raises(AssertionError):
         check((ph - h <= ps) & (ps <= ph + h))
+
+
+def test_importance_interval_of_a_noisy_estimate_is_finite() -> None:
+    """An estimate noisier than one Bernoulli draw (heavy weights on a common outcome) has no
+    binomial reading: it falls back to est +- 1.96 se, cut at 0, instead of dividing by 0."""
+    e = estimate(np.array([True, True, False]), np.log(np.array([30.0, 0.5, 1.0])))
+    assert e.mean > 1.0 or e.mean * (1 - e.mean) / e.stderr ** 2 < 1
+    lo, hi = e.interval()
+    assert lo == max(0.0, e.mean - 1.96 * e.stderr) and hi == e.mean + 1.96 * e.stderr

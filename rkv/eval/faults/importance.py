@@ -371,13 +371,17 @@ class Estimate:
         (the binomial with this estimate's mean and variance; ``k*`` is ``1 / rel_err^2``
         for a rare outcome). Unlike ``mean +- z se`` it is skewed up like the estimator's
         own distribution when few weighted hits carry it, where the normal interval covers
-        far less than 95 % (measured in tests/test_interval_coverage.py). No hits: (0, 0),
+        far less than 95 % (measured in tests/test_interval_coverage.py). Where the estimate
+        is noisier than one Bernoulli draw (``n* < 1``, or ``p >= 1``), no binomial has its
+        mean and variance: ``mean +- z se`` (cut at 0) is used. No hits: (0, 0),
         since the weights of the blocks not drawn are unknown (the campaign's plan keeps
         the expected hits well above zero)."""
         if self.stderr <= 0 or self.mean <= 0:
             return self.mean, self.mean
-        p = min(self.mean, 1.0)
-        n_eff = max(p * (1 - p), 1e-300) / self.stderr ** 2
+        p = self.mean
+        n_eff = p * (1 - p) / self.stderr ** 2 if p < 1 else 0.0
+        if n_eff < 1:     # noisier than one Bernoulli draw (or p >= 1): no binomial reading
+            return max(0.0, p - z * self.stderr), p + z * self.stderr
         return wilson(p * n_eff, n_eff, z)
 
     def to_dict(self) -> dict[str, float]:
