@@ -214,6 +214,7 @@ def _columns() -> list[Any]:
             Column("bytes_per_token", "MB/token", "right", lambda v: f"{v / 1e6:.1f}"),
             Column("precision", "precision %", "right", pct),
             Column("recall", "recall %", "right", pct),
+            Column("extra_misses", "extra miss %", "right", pct),
             Column("stall_per_token", "stall ms/token", "right", lambda v: f"{1e3 * v:.2f}"),
             Column("gap_closed", "gap closed %", "right", pct)]
 
@@ -221,8 +222,8 @@ def _columns() -> list[Any]:
 def table_rows(results: Sequence[MoEResult]) -> list[dict[str, Any]]:
     return [{"label": r.label, "budget": r.budget, "hit_ratio": r.hit_ratio,
              "bytes_per_token": r.bytes_per_token, "precision": r.precision,
-             "recall": r.recall, "stall_per_token": r.stall_per_token,
-             "gap_closed": r.gap_closed} for r in results]
+             "recall": r.recall, "extra_misses": r.extra_misses,
+             "stall_per_token": r.stall_per_token, "gap_closed": r.gap_closed} for r in results]
 
 
 def format_table(results: Sequence[MoEResult], *, markdown: bool = False,
@@ -244,8 +245,20 @@ def to_json(results: Sequence[MoEResult], trace: MoETrace, source: Source, compu
             "compute_per_layer": compute, "results": [r.row() for r in results]}
 
 
-def plot(results: Sequence[MoEResult], path: str | Path, title: str = "") -> None:
-    """Hit ratio and modeled stall per token against the budget, one line per policy."""
+#: The two offline optima, drawn apart: per-layer caches and one global cache (both Belady's
+#: MIN without prefetch, so the demand-only optimum of their layout).
+_BELADY_STYLE: dict[str, dict[str, Any]] = {
+    PER_LAYER: {"color": "k", "ls": "--", "marker": "s", "lw": 2.0,
+                "label": "Belady MIN, per-layer caches (demand-only optimum)"},
+    GLOBAL: {"color": "0.4", "ls": "-.", "marker": "D", "mfc": "none", "lw": 1.8,
+             "label": "Belady MIN, one global cache (demand-only optimum)"},
+}
+
+
+def figure(results: Sequence[MoEResult], title: str = "") -> Any:
+    """Hit ratio and modeled stall per token against the budget, one line per policy: the
+    figure (matplotlib, Agg). Prefetching runs are dotted; each Belady layout has its own
+    style and label."""
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
@@ -254,31 +267,42 @@ def plot(results: Sequence[MoEResult], path: str | Path, title: str = "") -> Non
     import matplotlib.pyplot as plt
 
     series: dict[str, list[tuple[float, float, float]]] = {}
+    layout: dict[str, tuple[str, str]] = {}
     for r in results:
         series.setdefault(r.label, []).append((100 * r.budget_fraction, 100 * r.hit_ratio,
                                                1e3 * r.stall_per_token))
+        layout[r.label] = (r.policy, r.layout)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6), dpi=110)
     colors = iter(plt.get_cmap("tab20")(i) for i in range(20))
+    for name, pts in series.items():
+        pts.sort()
+        xs = [p[0] for p in pts]
+        policy, lay = layout[name]
+        style: dict[str, Any] = (dict(_BELADY_STYLE[lay]) if policy == BELADY else
+                                 {"marker": "o", "lw": 1.3, "color": next(colors, None),
+                                  "ls": "-" if f"+{NONE}" in name or "+" not in name
+                                  else ":", "label": name})
+        ax1.plot(xs, [p[1] for p in pts], ms=4, **style)
+        ax2.plot(xs, [p[2] for p in pts], ms=4, **style)
+    ax1.set_ylabel("expert hit ratio (%)")
+    ax2.set_ylabel("modeled stall per token (ms)")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("device cache (% of all experts)")
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+    fig.suptitle(title or "expert cache replay")
+    ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5),
+               title="dotted: with prefetch", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot(results: Sequence[MoEResult], path: str | Path, title: str = "") -> None:
+    """:func:`figure`, saved to ``path`` (PNG, or what its extension says)."""
+    fig = figure(results, title)
+    import matplotlib.pyplot as plt
+
     try:
-        for name, pts in series.items():
-            pts.sort()
-            xs = [p[0] for p in pts]
-            style: dict[str, Any] = ({"color": "k", "ls": "--", "marker": "s", "lw": 2}
-                                     if name.startswith(BELADY) else
-                                     {"marker": "o", "lw": 1.3, "color": next(colors, None),
-                                      "ls": "-" if f"+{NONE}" in name or "+" not in name
-                                      else ":"})
-            ax1.plot(xs, [p[1] for p in pts], ms=4, label=name, **style)
-            ax2.plot(xs, [p[2] for p in pts], ms=4, label=name, **style)
-        ax1.set_ylabel("expert hit ratio (%)")
-        ax2.set_ylabel("modeled stall per token (ms)")
-        for ax in (ax1, ax2):
-            ax.set_xlabel("device cache (% of all experts)")
-            ax.grid(True, alpha=0.3)
-            ax.set_ylim(bottom=0)
-        fig.suptitle(title or "expert cache replay")
-        ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.tight_layout()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
             fig.savefig(path)

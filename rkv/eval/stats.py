@@ -1,7 +1,10 @@
-"""Means over text windows with their Student-t confidence intervals (no scipy).
+"""Means over text windows with their Student-t confidence intervals, and the Wilson score
+interval of a proportion (no scipy).
 
-Below :mod:`rkv.eval.quality` (which re-exports them) and the sweep's report, which pools
-seeds with :func:`t_quantile`.
+Below :mod:`rkv.eval.quality` (which re-exports them), the fault campaigns (Wilson intervals of
+counts, importance-sampling intervals on effective counts) and the sweep's report, which pools
+seeds with :func:`t_quantile`. Their coverage on simulated data is tested in
+``tests/test_interval_coverage.py`` (docs/rare-events.md gives the figures).
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ def t_quantile(p: float, df: int) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if central(mid) < 2 * p - 1 else (lo, mid)
     return (lo + hi) / 2
+
+
+def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95 % with the default ``z``) for ``k`` successes in ``n``
+    trials. ``k`` and ``n`` may be effective (non-integer) counts: an importance-sampling
+    estimate is read as ``k`` of ``n`` with the same mean and variance."""
+    # Kept as this closed form on purpose: the libraries that provide it (statsmodels'
+    # proportion_confint, scipy's binomtest) pull in scipy (tens of MB) for five lines,
+    # and tests check it against exact binomial tails.
+    if n <= 0:
+        return 0.0, 1.0
+    p = min(max(k / n, 0.0), 1.0)
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,20 @@ link time only until the router runs.
 Metrics per (policy, prefetch, budget, layout): expert hit ratio (an expert found in the cache
 when its layer needs it, prefetched or not), bytes moved per token (demand loads and issued
 prefetches), prefetch precision (prefetched experts hit before leaving the cache over
-prefetched), recall (misses avoided over the misses of the same policy without prefetch),
-modeled stall per token, and the gap closed: ``(S_lru - S) / (S_lru - S_belady)`` with the
-stalls of per-layer LRU without prefetch and per-layer Belady.
+prefetched), and (:func:`summarize`):
+
+* **recall**, a fraction in [0, 1] by definition: the loads the run needed that a prefetch
+  served, ``used / (used + misses)`` (``used``: prefetched experts hit; ``misses``: the run's
+  demand misses);
+* **extra misses**: the prefetch's pollution, ``(misses + used - base) / base`` with ``base``
+  the misses of the same policy and layout without prefetch: what the run had to load, over
+  what it would have had to load without prefetching (0 when prefetch only moved misses
+  earlier; positive when its insertions evicted experts that were needed);
+* the modeled stall per token, and the **gap closed**, ``(S_lru - S) / (S_lru - S_belady)``
+  with the stalls of LRU and Belady without prefetch *in the same layout*. Belady is the
+  demand-only optimum, so the gap is only given for demand-only runs (at most 1; negative
+  when worse than LRU); a prefetching run is not bounded by it (``None``, "—" in the table).
+
 """
 
 from __future__ import annotations
@@ -154,7 +165,8 @@ class MoEResult:
     stall: float                  # modeled seconds, all tokens
     stall_no_hide: float          # what the same misses would cost without any overlap
     seconds: float                # wall time of the replay loop
-    recall: float | None = None   # filled by :func:`summarize`
+    recall: float | None = None   # filled by :func:`summarize` (module docstring)
+    extra_misses: float | None = None
     gap_closed: float | None = None
 
     @property
@@ -379,8 +391,9 @@ def run_matrix(trace: MoETrace, policies: Sequence[str] = DEFAULT_POLICIES,
                layouts: Sequence[str] = (PER_LAYER,), *, width: int | None = None,
                source: Source = Source(), compute: float = DEFAULT_COMPUTE,
                progress: Callable[[str], None] | None = None) -> list[MoEResult]:
-    """Every policy x prefetch x budget x layout, then Belady in every layout; per-layer LRU
-    without prefetch and per-layer Belady are always included (the gap's ends). Prefetch
+    """Every policy x prefetch x budget x layout, then Belady in every layout; LRU without
+    prefetch in every layout and per-layer LRU and Belady are always included (the gap's
+    ends). Prefetch
     ``hints`` is skipped on a trace without hints. Recall and the gap are filled in."""
     from policies import make_policy, make_prefetch
 
@@ -401,7 +414,7 @@ def run_matrix(trace: MoETrace, policies: Sequence[str] = DEFAULT_POLICIES,
     sizes = [(b, budget_experts(b, trace)) for b in budgets]
     pfs = [p for p in prefetches if p != HINTS or trace.hints is not None]
     runs = [(p, f, lay) for lay in layouts for p in policies for f in pfs]
-    for ref in (("lru", NONE, PER_LAYER),):
+    for ref in [("lru", NONE, lay) for lay in (PER_LAYER, *layouts)]:
         if ref not in runs:
             runs.append(ref)
     runs += [(BELADY, NONE, lay) for lay in layouts]
@@ -419,18 +432,22 @@ def run_matrix(trace: MoETrace, policies: Sequence[str] = DEFAULT_POLICIES,
 
 
 def summarize(results: Sequence[MoEResult]) -> list[MoEResult]:
-    """Fill recall (against the same policy and layout without prefetch) and the gap closed
-    (between per-layer LRU without prefetch and per-layer Belady) where both ends exist."""
+    """Fill recall and extra misses (against the same policy and layout without prefetch) and
+    the gap closed of demand-only runs (between LRU and Belady without prefetch, same layout,
+    where both ends exist): the definitions are in the module docstring."""
     by = {(r.policy, r.prefetch, r.layout, r.budget): r for r in results}
     out = []
     for r in results:
         base = by.get((r.policy, NONE, r.layout, r.budget))
-        lru = by.get(("lru", NONE, PER_LAYER, r.budget))
-        opt = by.get((BELADY, NONE, PER_LAYER, r.budget))
-        recall = gap = None
-        if base is not None and r.prefetch != NONE and base.misses:
-            recall = (base.misses - r.misses) / base.misses
-        if lru is not None and opt is not None and lru.stall - opt.stall > 1e-12:
+        lru = by.get(("lru", NONE, r.layout, r.budget))
+        opt = by.get((BELADY, NONE, r.layout, r.budget))
+        recall = extra = gap = None
+        if r.prefetch != NONE:
+            need = r.prefetch_used + r.misses
+            recall = r.prefetch_used / need if need else None
+            if base is not None and base.misses:
+                extra = (need - base.misses) / base.misses
+        elif lru is not None and opt is not None and lru.stall - opt.stall > 1e-12:
             gap = (lru.stall - r.stall) / (lru.stall - opt.stall)
-        out.append(replace(r, recall=recall, gap_closed=gap))
+        out.append(replace(r, recall=recall, extra_misses=extra, gap_closed=gap))
     return out

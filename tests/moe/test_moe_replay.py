@@ -133,10 +133,14 @@ def test_matrix_adds_the_references_and_the_gap(tmp_path: Path) -> None:
     res = R.run_matrix(tr, ["lfu"], ["50%"], [R.NONE, "cooccur", R.HINTS], [R.GLOBAL])
     labels = [r.label for r in res]
     assert labels == ["lfu (global)", "lfu +cooccur (global)", "lru (per-layer)",
-                      "belady (global)", "belady (per-layer)"]    # no hints in this trace
+                      "lru (global)", "belady (global)",
+                      "belady (per-layer)"]    # no hints in this trace
     by = {r.label: r for r in res}
     assert by["lru (per-layer)"].gap_closed == pytest.approx(0.0)
     assert by["belady (per-layer)"].gap_closed == pytest.approx(1.0)
+    assert by["lru (global)"].gap_closed == pytest.approx(0.0)    # each layout's own ends
+    assert by["belady (global)"].gap_closed == pytest.approx(1.0)
+    assert by["lfu +cooccur (global)"].gap_closed is None        # no prefetching optimum
     with pytest.raises(ConfigError):
         R.run_matrix(tr, ["nope"], ["50%"])
     with pytest.raises(ConfigError):

@@ -197,6 +197,7 @@ def _importance_rows(s: Summary) -> list[dict[str, Any]]:
     analytic = {**_analytic(s), "recovered": s.prediction.p_corrected, "corrected": None}
     return [{"storage": s.protection, "outcome": o, "blocks": imp[o]["hits"],
              "estimate": imp[o]["estimate"], "stderr": imp[o]["stderr"],
+             "ci": (f"[{imp[o]['lo']:.3g}, {imp[o]['hi']:.3g}]" if "lo" in imp[o] else None),
              "rel_err": imp[o]["rel_err"] if math.isfinite(imp[o]["rel_err"]) else None,
              "ess": imp[o]["ess"], "analytic": analytic.get(o)}
             for o in ("masked", "corrected", "recovered", "due", "sdc")]
@@ -209,6 +210,7 @@ OUTCOME_COLUMNS = [Column("outcome"), Column("count", align="right"),
 IMPORTANCE_COLUMNS = [Column("outcome"), Column("blocks", align="right"),
                       Column("estimate", "estimate/block", "right", ".4g"),
                       Column("stderr", align="right", fmt=_G),
+                      Column("ci", "95% CI", "right"),     # Estimate.interval, not +-1.96 se
                       Column("rel_err", "rel.err", "right", ".2%"),
                       Column("ess", align="right", fmt=".1f"),
                       Column("analytic", align="right", fmt=".4g")]

@@ -43,6 +43,7 @@ from faultmodels.base import ErrorPattern, EventClass
 from rkv.eval.faults.importance_framing import FramingPlant
 from rkv.eval.faults.importance_shard import ShardPlant
 from rkv.eval.faults.importance_strata import StrataPlant
+from rkv.eval.stats import wilson
 
 #: The conditional share of the defensive mixture when something is tilted.
 ALPHA = 0.5
@@ -364,9 +365,29 @@ class Estimate:
     def rel_err(self) -> float:
         return self.stderr / self.mean if self.mean > 0 else math.inf
 
+    def interval(self, z: float = 1.96) -> tuple[float, float]:
+        """The 95 % (default ``z``) interval of the probability: Wilson's score interval on
+        the effective counts, ``n* = p(1 - p) / se^2`` blocks of which ``k* = p n*`` hit
+        (the binomial with this estimate's mean and variance; ``k*`` is ``1 / rel_err^2``
+        for a rare outcome). Unlike ``mean +- z se`` it is skewed up like the estimator's
+        own distribution when few weighted hits carry it, where the normal interval covers
+        far less than 95 % (measured in tests/test_interval_coverage.py). Where the estimate
+        is noisier than one Bernoulli draw (``n* < 1``, or ``p >= 1``), no binomial has its
+        mean and variance: ``mean +- z se`` (cut at 0) is used. No hits: (0, 0),
+        since the weights of the blocks not drawn are unknown (the campaign's plan keeps
+        the expected hits well above zero)."""
+        if self.stderr <= 0 or self.mean <= 0:
+            return self.mean, self.mean
+        p = self.mean
+        n_eff = p * (1 - p) / self.stderr ** 2 if p < 1 else 0.0
+        if n_eff < 1:     # noisier than one Bernoulli draw (or p >= 1): no binomial reading
+            return max(0.0, p - z * self.stderr), p + z * self.stderr
+        return wilson(p * n_eff, n_eff, z)
+
     def to_dict(self) -> dict[str, float]:
+        lo, hi = self.interval()
         return {"estimate": self.mean, "stderr": self.stderr, "rel_err": self.rel_err,
-                "hits": self.hits, "ess": self.ess}
+                "hits": self.hits, "ess": self.ess, "lo": lo, "hi": hi}
 
 
 def estimate(hit: np.ndarray, log_w: np.ndarray) -> Estimate:

@@ -170,6 +170,12 @@ def figure_pareto(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
         if not any(s.kl is not None for s in group):
             notes.append("no quality metric in this sweep: see the reliability figure")
         clusters: dict[str, list[tuple[float, float]]] = {}
+        spread: dict[str, float] = {}
+        for b in {s.bits for s in pts if s.bits is not None}:
+            same = sorted((s for s in pts if s.bits == b),
+                          key=lambda s: (_x(s, cost), order.index(protection(s))))
+            for i, s in enumerate(same):
+                spread[s.key] = 8.0 * (i - (len(same) - 1) / 2)
         for s in pts:
             assert s.kl is not None
             x, y = _x(s, cost), max(s.kl.mean, 0.0)
@@ -177,8 +183,9 @@ def figure_pareto(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
             lo = min(max(s.kl.lo, 0.0), y) if math.isfinite(s.kl.lo) else y
             marker, colour = styles[protection(s)]
             # Protections of one bit-width store nearly the same bytes: each is drawn a few
-            # points aside (in its legend order) so that no marker hides another.
-            dx = 6.0 * (order.index(protection(s)) - (len(order) - 1) / 2)
+            # points aside, in the order of its bytes (so that the offsets never swap two
+            # points' places), so that no marker hides another.
+            dx = spread.get(s.key, 0.0)
             at = offset_copy(ax.transData, fig=fig, x=dx, y=0, units="points")
             ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="none", ecolor=colour,
                         alpha=0.6, elinewidth=0.8, capsize=2, zorder=1, transform=at)
@@ -251,6 +258,8 @@ OUTCOME_STYLE = (("sdc", "o", "tab:red", -0.2), ("due", "^", "tab:blue", 0.2),
 def figure_reliability(plt: Any, sets: Sequence[Setting], front: set[str]) -> Any:
     """Per-block SDC, DUE and degraded rates per protection and bits: the figure."""
     del front            # every setting is drawn the same: rates are not a front
+    from matplotlib.legend_handler import HandlerTuple
+
     names = tiers(sets)
     fig, axes = _grid(plt, len(names))
     for ax, tier in zip(axes, names, strict=True):
@@ -285,17 +294,21 @@ def figure_reliability(plt: Any, sets: Sequence[Setting], front: set[str]) -> An
                      + ("" if group else "\nno reliability metric for this tier"),
                      fontsize=7.5)
         ax.grid(True, axis="y", which="major", lw=0.3, alpha=0.5)
-    handles = [
+    handles: list[Any] = [
         plt.Line2D([], [], ls="", marker="o", color="tab:red", label="SDC: wrong data, unflagged"),
         plt.Line2D([], [], ls="", marker="^", color="tab:blue",
                    label="DUE: detected, recomputed (raw: the medium reported it)"),
         *([plt.Line2D([], [], ls="", marker="d", color="tab:olive", label="degraded")]
           if any(s.degraded is not None and s.degraded.n for s in sets) else []),
-        plt.Line2D([], [], ls="", marker=7, mfc="none", mec=BOUND_COLOUR, color=BOUND_COLOUR,
-                   label="open grey + caret: none seen, 95 % upper bound"),
+        # The bound's own look (open grey marker over a caret), not a bare caret.
+        (plt.Line2D([], [], ls="", marker="o", mfc="none", mec=BOUND_COLOUR),
+         plt.Line2D([], [], ls="", marker=7, ms=3.5, color=BOUND_COLOUR)),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False,
-               bbox_to_anchor=(0.5, -0.03))
+    labels = [h.get_label() for h in handles[:-1]] + [
+        "upper bound (no events seen): 95 %, the rate is at or below it"]
+    fig.legend(handles=handles, labels=labels, loc="lower center", ncol=4, fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, -0.03),
+               handler_map={tuple: HandlerTuple(ndivide=None, pad=0.0)})
     fig.suptitle("Per-block outcomes of the fault campaigns, raw storage vs rkv "
                  "(fault rates as configured per tier)", fontsize=8.5)
     fig.tight_layout(rect=(0, 0.03, 1, 0.97))

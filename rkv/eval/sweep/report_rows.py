@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rkv.eval.faults.campaign import wilson
+from rkv.eval.stats import t_quantile
 from rkv.eval.sweep.results import ResultsError, ResultsFile
 
 _KEY = re.compile(r"[0-9a-f]{16}")
@@ -322,10 +323,28 @@ def _pool_rate(parts: Sequence[Mapping[str, Any]]) -> Rate:
     return Rate(n, total, avg[0], avg[1], avg[2], False)
 
 
-def _pool_interval(parts: Sequence[tuple[Mapping[str, Any], int]]) -> Interval:
-    """Window-weighted mean of the seeds' means. The half-widths are averaged, not shrunk by
-    sqrt(seeds): the seeds of a setting score the same text windows, so they are not
-    independent samples of them; a seed-to-seed spread wider than that still widens it."""
+#: The ratio of the seeds' variance to one seed's beyond which they are taken to differ
+#: by more than their fault draws (chi-squared with 1 degree of freedom, 99 % point).
+_SEED_EFFECT = 6.63
+
+
+def pool_interval(parts: Sequence[tuple[Mapping[str, Any], int]]) -> Interval:
+    """Pool the seeds' means (each with its 95 % t interval over ``windows`` text windows).
+
+    The model of what varies between seeds: the seeds score the *same* text windows and
+    differ only in their fault draws, so window ``j`` of seed ``i`` scores
+    ``x_ij = w_j + e_ij``, with ``w_j`` the window's own value (shared) and ``e_ij`` what the
+    seed's faults did to it (independent between seeds and windows). The pooled mean (the
+    window-weighted mean of the seeds' means) has variance ``var(w)/n + var(e)/(n k)`` for
+    ``k`` seeds of ``n`` windows. Each seed's half-width measures ``(var(w) + var(e)) / n``
+    (averaged over seeds: more seeds add no windows), and the unweighted sample variance of
+    the seeds' means measures ``var(e) / n`` (the seeds are exchangeable; their window counts
+    only weight the mean), so the pooled variance is the first minus ``(k - 1) / k`` times the
+    second (at least the first over ``k``), with Student's t on the windows' degrees of
+    freedom. A seed-level effect (one seed shifting every window alike) is outside this
+    model: where the seeds' spread is too wide for it, Student's t on the seeds' means
+    (``k - 1`` degrees of freedom) is used if wider. Coverage on simulated seeds:
+    tests/test_interval_coverage.py (docs/sweeps.md)."""
     if any(d.get("mean") is None for d, _ in parts):
         return Interval(math.inf, math.inf, math.inf)
     vals: list[tuple[float, float, float, int]] = []
@@ -337,13 +356,24 @@ def _pool_interval(parts: Sequence[tuple[Mapping[str, Any], int]]) -> Interval:
     mean = sum(m * w for m, _, _, w in vals) / wsum
     below = sum((m - lo) * w for m, lo, _, w in vals) / wsum
     above = sum((hi - m) * w for m, _, hi, w in vals) / wsum
-    if len(vals) > 1:
-        from rkv.eval.stats import t_quantile
-
-        k = len(vals)       # seeds: few, so Student's t, not the normal 1.96
-        spread = t_quantile(0.975, k - 1) * _stdev([m for m, *_ in vals]) / math.sqrt(k)
-        below, above = max(below, spread), max(above, spread)
-    return Interval(mean, mean - below, mean + above)
+    k = len(vals)
+    if k < 2:
+        return Interval(mean, mean - below, mean + above)
+    df_w = max(min(w for *_, w in vals) - 1, 1)
+    t_w = t_quantile(0.975, df_w)
+    between = _stdev([m for m, *_ in vals]) ** 2
+    if not math.isfinite(between):
+        return Interval(math.inf, math.inf, math.inf)
+    ends = []
+    for half in (below, above):
+        var = (half / t_w) ** 2           # one seed's (var(w) + var(e)) / n
+        half = t_w * math.sqrt(max(var - (k - 1) / k * between, var / k))
+        # Seeds that disagree far beyond what their windows allow (the variance ratio past
+        # chi2(1)'s 99 % point, 6.63, the loosest for any k) show a seed-level effect.
+        if between > _SEED_EFFECT * var:
+            half = max(half, t_quantile(0.975, k - 1) * math.sqrt(between / k))
+        ends.append(half)
+    return Interval(mean, mean - ends[0], mean + ends[1])
 
 
 def _stdev(xs: Sequence[float]) -> float:
@@ -418,7 +448,7 @@ def _setting(tier: str, text: str, grp: Sequence[Mapping[str, Any]]) -> Setting:
     q: dict[str, Interval | None] = {"kl": None, "ppl": None, "top1": None}
     for k in q:
         if qual:
-            q[k] = _pool_interval([(x[k], int(x["windows"])) for x in qual])
+            q[k] = pool_interval([(x[k], int(x["windows"])) for x in qual])
     kl = q["kl"]
     if kl is not None and kl.lo < 0:        # a t interval cut at KL >= 0 keeps its coverage
         q["kl"] = Interval(kl.mean, 0.0, kl.hi)
@@ -426,7 +456,7 @@ def _setting(tier: str, text: str, grp: Sequence[Mapping[str, Any]]) -> Setting:
          ("overhead", "bytes_per_token", "raw_bytes_per_token", "put_gbps", "get_gbps")}
     refs = [float(x["ppl_ref"]) for x in qual if x.get("ppl_ref") is not None]
     deltas = [(x["delta_ppl"], int(x["windows"])) for x in qual if x.get("delta_ppl")]
-    delta = _pool_interval(deltas) if deltas and len(deltas) == len(qual) else None
+    delta = pool_interval(deltas) if deltas and len(deltas) == len(qual) else None
     return Setting(
         tier=tier, config=json.loads(text),
         key=hashlib.sha256(text.encode()).hexdigest()[:12],
