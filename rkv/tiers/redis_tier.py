@@ -268,6 +268,10 @@ class RedisTier(Tier):
                         or time.monotonic() - start + pause >= self.settings.timeout_s):
                     self._down(exc, 0.0, node)
                 time.sleep(pause)       # a restarting server: give it a moment
+            except (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError) as exc:
+                # A cluster (or the node) that cannot serve the slot now, e.g. a master
+                # restarting before it rejoined: unavailable, as a down server is.
+                self._down(exc, 0.0, node)
             except redis.exceptions.OutOfMemoryError:
                 raise TierFullError(f"{where}: the server is out of memory "
                                     "(maxmemory)") from None
