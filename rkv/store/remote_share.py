@@ -335,11 +335,13 @@ class RemoteShare:
         try:
             for i in range(0, len(items), 64):
                 tier.put_many(items[i:i + 64])
+        except TierUnavailableError as exc:
+            core.count(remote_write_errors=1)
+            core.watch.failed(name, str(exc))      # the watch logs the outage, once
+            return 0
         except RkvError as exc:
             core.count(remote_write_errors=1)
-            if isinstance(exc, TierUnavailableError):
-                core.watch.failed(name, str(exc))
-            if not self._warned:         # once per outage, not once per put
+            if not self._warned:         # once per failure spell, not once per put
                 self._warned = True
                 log.warning("tier %s: write-through failed (%s); puts are kept locally "
                             "until it works again", name, exc)
