@@ -36,7 +36,9 @@ from contextlib import suppress
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
 
 from rkv.errors import ConfigError, RkvError, TierUnavailableError
 from rkv.tiers.base import TierSpec
@@ -75,16 +77,36 @@ class RedisClusterTier(RedisTier):
                 seeds = [ClusterNode(h, p)  # type: ignore[no-untyped-call]
                          for h, p in cluster_nodes(self.settings.url,
                                                                      self.where)]
+                kw = dict(self._kw)
+                no_retry = kw.pop("retry")
                 try:
-                    self._client = RedisCluster(startup_nodes=seeds,
-                                                require_full_coverage=False, **self._kw)
+                    # The client's open sends COMMAND to its default node (the owner of slot
+                    # 0) and, without a retry, fails when that one master is down though the
+                    # others serve; with one retry per seed it moves to another node. Calls
+                    # then run without client retries (RedisTier._call bounds them).
+                    client = RedisCluster(startup_nodes=seeds, require_full_coverage=False,
+                                          retry=Retry(NoBackoff(), len(seeds)), **kw)
+                    client.set_retry(no_retry)
+                    self._client = client
                 except redis.exceptions.RedisClusterException as exc:
+                    cause = exc.__cause__
+                    if isinstance(cause, (redis.AuthenticationError,
+                                          redis.exceptions.AuthorizationError,
+                                          redis.exceptions.NoPermissionError)):
+                        raise cause from None     # wrong credentials: a StoreError
                     # (no seed node answered: a down cluster, retried like a down server)
                     raise redis.ConnectionError(str(exc)) from None
                 except (ValueError, TypeError) as exc:
                     raise ConfigError(f"{self.where}: bad connection settings: "
                                       f"{type(exc).__name__}") from None
             return self._client
+
+    def _first_contact(self, client: Any) -> Any:
+        """Opening the client is the contact: it reads the slot map from the first seed
+        that answers, and fails on wrong credentials. (A PING would go to the client's
+        default node alone, the owner of slot 0: with that master down, the whole tier
+        would be taken as down at the open though the other masters serve.)"""
+        return client
 
     @property
     def state(self) -> str:   # type: ignore[override]

@@ -192,7 +192,11 @@ class RedisTier(Tier):
         self._client: Any = self._connect(connection_kwargs(settings, spec.name))
         # A first contact: wrong credentials fail the open, a down server does not.
         with suppress(TierUnavailableError):
-            self._call(lambda c: c.ping())
+            self._call(self._first_contact)
+
+    def _first_contact(self, client: Any) -> Any:
+        """The call the open makes to check the credentials (a cluster tier's differs)."""
+        return client.ping()
 
     # -- plumbing ---------------------------------------------------------------------------
     def _connect(self, kw: dict[str, Any]) -> Any:
