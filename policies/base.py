@@ -164,6 +164,13 @@ class EvictionPolicy(ABC):
         """Keys to remove to free at least ``need`` bytes, none in ``protected``, in the order
         they should go; ``None`` if that is impossible. Must not change any state."""
 
+    def admits(self, item: Item, now: float) -> bool:
+        """Whether ``item`` may push others out of the full cache. Most policies leave that
+        to the admission policy and say yes; one that also judges admission (``adaptive``,
+        whose leading candidate may carry an admission rule) says no here. Callers ask it
+        where they ask the admission policy, and admit only when both agree."""
+        return True
+
     # -- for implementations ---------------------------------------------------------------------
     @abstractmethod
     def _insert(self, item: Item, now: float) -> None: ...

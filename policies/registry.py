@@ -21,6 +21,8 @@ from policies.lfu import LFU  # isort: skip
 from policies.gdsf import GDSF  # isort: skip
 from policies.lru import LRU  # isort: skip
 from policies.prefix import PrefixAware  # isort: skip
+from policies.reuse import ReusePredicting  # isort: skip
+from policies.adaptive import Adaptive  # isort: skip
 from policies.s3fifo import S3FIFO  # isort: skip
 from policies.sieve import SIEVE  # isort: skip
 from policies.slru import SLRU  # isort: skip
@@ -28,7 +30,8 @@ from policies.activation import ActivationAware  # isort: skip
 
 #: The built-in eviction policies, in registration order.
 BUILTIN: tuple[type[EvictionPolicy], ...] = (
-    ARC, FIFO, LFU, GDSF, LRU, PrefixAware, S3FIFO, SIEVE, SLRU, ActivationAware)
+    ARC, FIFO, LFU, GDSF, LRU, PrefixAware, ReusePredicting, Adaptive, S3FIFO, SIEVE, SLRU,
+    ActivationAware)
 
 __all__ = ["BUILTIN", "available", "build", "make_policy", "parse_spec", "register"]
 

@@ -73,8 +73,7 @@ def item_for(key: bytes, meta: ChunkMeta, tier: str) -> Item:
                 miss_cost=meta.n_tokens / RECOMPUTE_TPS)
 
 
-def free_chunk(ix: Index, txn: Any, key: bytes, meta: ChunkMeta | None,
-               pending: Pending) -> None:
+def free_chunk(ix: Index, txn: Any, key: bytes, meta: ChunkMeta | None, pending: Pending) -> None:
     """Remove one chunk from the index; its records are deleted after the commit. A damaged
     entry (``meta`` None) leaves its records as unreferenced ones for verify to reclaim."""
     ix.del_chunk(txn, key, meta)
@@ -384,11 +383,12 @@ class Decisions:
     def _room(self, txn: Any, item: Item, name: str, need: int, protect: Protected,
               pending: Pending, stats: Counter[str], now: float) -> bool:
         """Whether ``need`` bytes of ``item`` enter tier ``name``: admitted when the tier is
-        full, and room made."""
-        if self.ix.live_usage(txn).bytes(name) + need > self.caps[name]:
-            here = Item(item.key, need, name, item.group, item.depth, item.parent,
-                        item.miss_cost)
-            if not self.admission[name].admit(here, now):
+        full (a chunk held for a queued request always is: it is wanted), and room made."""
+        full = self.ix.live_usage(txn).bytes(name) + need > self.caps[name]
+        if full and item.key not in self.queued:
+            here = Item(item.key, need, name, item.group, item.depth, item.parent, item.miss_cost)
+            pol = self.policies[name]
+            if not (self.admission[name].admit(here, now) and pol.admits(here, now)):
                 return False
         return self.make_room(txn, self.order.index(name), need, protect, pending, stats)
 
@@ -458,8 +458,7 @@ class Decisions:
         """Move a chunk's blocks from ``src`` to ``dst`` (demotion or promotion), making room
         in ``dst`` first. A block that cannot be read drops the whole chunk."""
         level = self.order.index(dst)
-        if not self.make_room(txn, level, meta.bytes_in(src), protect.plus(key), pending,
-                              stats):
+        if not self.make_room(txn, level, meta.bytes_in(src), protect.plus(key), pending, stats):
             return False
         meta = self.ix.read_chunk(txn, key) or meta   # making room may not touch it, but be sure
         blocks, moved = [], []

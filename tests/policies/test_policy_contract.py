@@ -19,7 +19,9 @@ from policies.s3fifo import S3FIFO
 SPECS = ["lru", "fifo", "slru", "slru(protected=0.3)", "lfu", "lfu(decay=False)", "gdsf",
          "sieve", "s3fifo", "s3fifo(small=0.3, threshold=2)", "arc", "prefix",
          "prefix(depth_weight=1.0, history=1)", "activation",
-         "activation(halflife=3, depth_weight=1.0)"]
+         "activation(halflife=3, depth_weight=1.0)", "reuse",
+         "reuse(weight=2, horizon=0.5, history=1, memory=8)", "adaptive",
+         "adaptive(candidates=lru|s3fifo+after|reuse(weight=0), horizon=0.01, margin=0)"]
 KEYS = 10
 
 

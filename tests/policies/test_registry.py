@@ -15,7 +15,8 @@ import policies
 from policies.registry import BUILTIN, register
 from policies.table import REGISTERED
 
-ORDER = ["arc", "fifo", "lfu", "gdsf", "lru", "prefix", "s3fifo", "sieve", "slru", "activation"]
+ORDER = ["arc", "fifo", "lfu", "gdsf", "lru", "prefix", "reuse", "adaptive", "s3fifo", "sieve",
+         "slru", "activation"]
 PACKAGE = Path(policies.__file__).parent
 
 

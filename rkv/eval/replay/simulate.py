@@ -337,7 +337,11 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
                     admission.on_access(key, False, i)
                 need = policy.used + item.size - capacity
                 if need > 0:
-                    if admission is not None and not admission.admit(item, i):
+                    # A block a queued request will read is admitted whatever the rule
+                    # says: the scheduler knows it is wanted.
+                    if key not in queued and (
+                            (admission is not None and not admission.admit(item, i))
+                            or not policy.admits(item, i)):
                         protected.add(key)
                         continue
                     out = checked_victims(policy, need, protected) if need < futile else None

@@ -324,6 +324,7 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
         first_miss = -1
         for i in range(s, e):
             key = refs[i]
+            queued = lookahead and key in protected  # a queued request will read it too
             add(key)                            # the request's blocks stay while it runs
             t = where.get(key)
             if t == 0:
@@ -338,9 +339,10 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
                 access0(key, False, i, item)
                 if admission is not None:
                     admission.on_access(key, False, i)
-                    if top.used + item.size > cap0 and not admission.admit(item, i):
-                        place(item, protected, i, 1)    # refused by the top tier only
-                        continue
+                if top.used + item.size > cap0 and not queued and not (
+                        (admission is None or admission.admit(item, i)) and top.admits(item, i)):
+                    place(item, protected, i, 1)        # refused by the top tier only
+                    continue
                 place(item, protected, i)
             else:
                 served[i] = t
