@@ -82,7 +82,9 @@ class TierConfig:
     memory: the file grows as it fills); 0 sizes it from the capacity. ``policy`` chooses
     what leaves the tier when it is full and what may enter it then: an eviction spec from
     ``policies`` (``"lru"``, ``"s3fifo(small=0.1)"``, ``"prefix"``), optionally with an
-    admission spec after a ``+`` (``"prefix+after(n=2)"``); see docs/policies.md.
+    admission spec after a ``+`` (``"prefix+after(n=2)"``); the default, ``"adaptive"``,
+    follows whichever of LRU, ``prefix``, ``reuse`` and ``prefix+after(n=2)`` would have
+    served the tier best lately; see docs/policies.md.
     ``reads``: ``"mmap"`` reads records zero-copy through the map; ``"pread"`` copies them out
     of the file, so a lost page (poisoned memory, a truncated file) fails the read with its
     range (decoded as an erasure) instead of killing the process with SIGBUS.
@@ -106,7 +108,7 @@ class TierConfig:
     quant: str = "none"
     sync: bool = False
     map_bytes: int = 0
-    policy: str = "prefix"
+    policy: str = "adaptive"
     reads: str = "mmap"
     kind: str = "lmdb"
     url: str = ""
