@@ -61,6 +61,12 @@ def make_admission(spec: str) -> AdmissionPolicy:
 
 
 def split_spec(spec: str) -> tuple[str, str]:
-    """``"prefix+after(n=2)"`` -> ("prefix", "after(n=2)"); no ``+`` means admit all."""
-    evict, _, admit = spec.partition("+")
-    return evict.strip(), (admit.strip() or "all")
+    """``"prefix+after(n=2)"`` -> ("prefix", "after(n=2)"); no ``+`` means admit all. The
+    ``+`` is the first one outside parentheses: ``adaptive(candidates=lru+after(n=2))`` is
+    one eviction spec whose argument carries its own admission."""
+    depth = 0
+    for i, ch in enumerate(spec):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "+" and depth == 0:
+            return spec[:i].strip(), (spec[i + 1:].strip() or "all")
+    return spec.strip(), "all"
