@@ -3,13 +3,15 @@ one-tier replay, the tiers replay and the engine's decision site."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rkvtest import SMALL, random_kv
 
-from policies import AdmitAfter, make_policy
+from policies import AdmitAfter, EvictionPolicy, available, make_policy
+from policies.belady import Belady
 from rkv import Engine, EngineConfig, TierConfig
 from rkv.eval.replay.simulate import CostModel, Trace, prepare, simulate
 from rkv.eval.replay.tiers import Tier, simulate_tiers
@@ -112,3 +114,48 @@ def test_the_admission_plus_is_the_first_outside_parentheses() -> None:
     assert split_spec("adaptive(candidates=lru|prefix+after(n=2))+after(n=3)") == \
         ("adaptive(candidates=lru|prefix+after(n=2))", "after(n=3)")
     assert split_spec(" prefix + after(n=2) ") == ("prefix", "after(n=2)")
+
+
+def _bypass_min(seq: list[int], capacity: int) -> int:
+    """Hits of Belady's MIN allowed to decline a miss: on a miss in a full cache, of the
+    cached keys and the new one, the one used farthest ahead is dropped (perhaps the new one).
+    For unit sizes this is optimal among caches that may bypass."""
+    nxt: list[float] = [math.inf] * len(seq)
+    last: dict[int, int] = {}
+    for i in range(len(seq) - 1, -1, -1):
+        nxt[i], last[seq[i]] = last.get(seq[i], math.inf), i
+    cached: dict[int, float] = {}              # key -> its next use
+    hits = 0
+    for i, k in enumerate(seq):
+        if k in cached:
+            hits += 1
+        elif len(cached) >= capacity:
+            far = max(cached, key=cached.__getitem__)
+            if cached[far] <= nxt[i]:
+                continue                           # the new key is the farthest: bypass
+            del cached[far]
+        cached[k] = nxt[i]
+    return hits
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 11), min_size=1, max_size=80), st.integers(1, 8))
+def test_policies_that_may_bypass_never_beat_min_with_bypass(seq: list[int], cap: int) -> None:
+    """A policy with its own admission (``adaptive``: a candidate with ``+after``) may beat
+    plain MIN, which caches every miss, but never MIN allowed to bypass."""
+    trace = trace_of(seq)
+    best = _bypass_min(seq, cap)
+    assert simulate(trace, Belady(cap, trace.next_use), cap, COST).hits <= best
+    for name in available():
+        pol = make_policy(name, cap)
+        if type(pol).admits is not EvictionPolicy.admits:
+            assert simulate(trace, pol, cap, COST).hits <= best, name
+
+
+def test_bypass_can_beat_plain_min() -> None:
+    """[1, 0, 1, 2, 1] in one slot: plain MIN must cache 0 and loses 1; declining 0 keeps it."""
+    seq = [1, 0, 1, 2, 1]
+    trace = trace_of(seq)
+    assert simulate(trace, Belady(1, trace.next_use), 1, COST).hits == 0
+    assert _bypass_min(seq, 1) == 2
+    assert simulate(trace, make_policy("adaptive", 1), 1, COST).hits == 1

@@ -74,7 +74,9 @@ def test_belady_is_never_beaten(seq: list[int], capacity: int) -> None:
     ceiling = hits(trace, InfiniteCache(len(seq)), len(seq))
     assert best <= ceiling
     for name in available():
-        assert hits(trace, make_policy(name, capacity), capacity) <= best, name
+        pol = make_policy(name, capacity)
+        if type(pol).admits is EvictionPolicy.admits:   # bypassing ones: test_admission_queue
+            assert hits(trace, pol, capacity) <= best, name
 
 
 def test_belady_beats_lru_and_fifo_strictly_somewhere() -> None:
