@@ -15,11 +15,16 @@ get more hits.
 
 Time is the position of the reference in the trace: the caller passes ``now = i`` for the
 ``i``-th reference (``on_access`` and ``on_insert`` of that reference), and the policy reads the
-next use of the key from the precomputed :func:`next_use_positions` of the sequence.
+next use of the key from the precomputed :func:`next_use_positions` of the sequence. That
+array answers "the next use of the key referenced at ``i``", so it is only right for the key of
+reference ``i``: a cache that inserts a key *ahead* of its reference (a prefetch) must pass the
+function of :func:`next_use_after` instead, with ``now`` = the position of the last reference
+already replayed (the prefetched key's next use is then its first reference after ``now``).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import OrderedDict
@@ -48,6 +53,24 @@ def next_use_positions(refs: Iterable[Hashable]) -> list[int]:
         out[i] = get(key, n)
         last[key] = i
     return out
+
+
+def next_use_after(refs: Iterable[Hashable]) -> NextUseFn:
+    """``next_use(key, now)`` over ``refs``: the position of the first reference to ``key``
+    after position ``now``, ``math.inf`` when there is none (any key, referenced at ``now`` or
+    not). Positions per key, then a binary search: O(log n) a call."""
+    at: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(refs):
+        at.setdefault(key, []).append(i)
+
+    def next_use(key: Hashable, now: int) -> float:
+        ps = at.get(key)
+        if ps is None:
+            return math.inf
+        j = bisect.bisect_right(ps, now)
+        return ps[j] if j < len(ps) else math.inf
+
+    return next_use
 
 
 class Belady(EvictionPolicy):

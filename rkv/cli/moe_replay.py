@@ -28,10 +28,12 @@ from rkv.moe.replay import (
     GLOBAL,
     HINTS,
     NONE,
+    ORACLE,
     PER_LAYER,
     MoEResult,
     MoETrace,
     Source,
+    cancel_bytes,
     read_trace,
     run_matrix,
     source_tier,
@@ -41,7 +43,7 @@ from rkv.ui import Column, Progress, render
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 _MOE_ONLY = ("budget", "prefetch", "per_layer", "shape", "bits", "source", "compute_us",
-             "width")
+             "width", "cancel_chunk", "interference")
 _KV_ONLY: dict[str, Any] = {
     "capacity": [], "tiers": [], "lookahead": [], "store": None, "promote": None,
     "prefetch_policy": None, "prefetch_budget": None, "block_bytes": None,
@@ -57,7 +59,8 @@ _MOE_OPTIONS = [
                       "(4GiB); repeatable  [default: 10% 25% 50%]"),
     click.option("--prefetch", multiple=True, metavar="LIST",
                  help="with --moe: prefetchers, comma-separated: none, cooccur[(min_p=..)], "
-                      "hints  [default: all; hints only on traces that carry them]"),
+                      "hints, oracle (the next step's routed experts)  [default: none, "
+                      "cooccur, hints; hints only on traces that carry them]"),
     click.option("--per-layer", is_flag=True, default=None,
                  help="with --moe: one cache per layer (budget split evenly) instead of one "
                       "global"),
@@ -74,6 +77,13 @@ _MOE_OPTIONS = [
                       "[default: 1000]"),
     click.option("--width", type=click.IntRange(min=1), default=None, metavar="N",
                  help="with --moe: experts prefetched per layer at most  [default: top-k]"),
+    click.option("--cancel-chunk", default=None, metavar="BYTES",
+                 help="with --moe: a dropped prefetch moves on to the end of its chunk of "
+                      "BYTES (1MiB, 4096; 0: cancelled at once)  [default: expert, one "
+                      "uncancellable copy]"),
+    click.option("--interference", type=float, default=None, metavar="F",
+                 help="with --moe: compute seconds added per second of prefetch copy "
+                      "during a layer's compute  [default: 0]"),
 ]
 
 
@@ -155,6 +165,8 @@ def cli_moe_replay(args: Any) -> int:
                 for p in _split(arg)]
     source = source_tier(args.source) if args.source else Source()
     compute = DEFAULT_COMPUTE if args.compute_us is None else args.compute_us * 1e-6
+    chunk = cancel_bytes(args.cancel_chunk)
+    interference = 0.0 if args.interference is None else args.interference
     layouts = (PER_LAYER,) if args.per_layer else (GLOBAL,)
     if HINTS in prefetch and trace.hints is None and args.prefetch:
         raise ConfigError(f"{args.trace} carries no hints: drop 'hints' from --prefetch")
@@ -164,15 +176,16 @@ def cli_moe_replay(args: Any) -> int:
         results = run_matrix(trace, args.policy or DEFAULT_POLICIES,
                              args.budget or DEFAULT_BUDGETS, prefetch, layouts,
                              width=args.width, source=source, compute=compute,
+                             cancel_chunk=chunk, interference=interference,
                              progress=lambda msg: bar.update(note=msg))
     if args.fmt == "csv":           # the table alone, on stdout
         print(format_table(results, fmt="csv"))
     else:
-        print(describe(trace, source, compute))
+        print(describe(trace, source, compute, chunk, interference))
         print()
         print(format_table(results, fmt=args.fmt))
     if args.json:
-        doc = to_json(results, trace, source, compute)
+        doc = to_json(results, trace, source, compute, chunk, interference)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     if args.plot:
@@ -193,16 +206,20 @@ def _split(arg: str) -> list[str]:
     return [p for p in [*out, cur] if p.strip()]
 
 
-def describe(trace: MoETrace, source: Source, compute: float) -> str:
+def describe(trace: MoETrace, source: Source, compute: float, chunk: int | None = None,
+             interference: float = 0.0) -> str:
     from rkv.store.results import human_bytes
 
     hints = "with" if trace.hints is not None else "without"
+    cut = ("whole experts (uncancellable)" if chunk is None or chunk >= trace.expert_bytes
+           else "at once" if chunk == 0 else f"per {human_bytes(chunk)}")
     return (f"{trace.path}: {trace.model or '?'}, {trace.tokens} tokens, {trace.layers} layers "
             f"x {trace.experts} experts, top-{trace.top_k}, {human_bytes(trace.expert_bytes)} "
             f"per expert ({human_bytes(trace.layers * trace.experts * trace.expert_bytes)} "
             f"in all), {hints} hints; misses load from {source.name} at "
             f"{source.bandwidth / 1e9:g} GB/s + {source.latency * 1e6:g} us, "
-            f"{compute * 1e6:g} us of compute per layer")
+            f"{compute * 1e6:g} us of compute per layer; dropped prefetches cancel {cut}, "
+            f"interference {interference:g}")
 
 
 def _columns() -> list[Any]:
@@ -216,14 +233,17 @@ def _columns() -> list[Any]:
             Column("recall", "recall %", "right", pct),
             Column("extra_misses", "extra miss %", "right", pct),
             Column("stall_per_token", "stall ms/token", "right", lambda v: f"{1e3 * v:.2f}"),
-            Column("gap_closed", "gap closed %", "right", pct)]
+            Column("traffic", "traffic x", "right", lambda v: f"{v:.2f}"),
+            Column("gap_closed", "gap closed %", "right", pct),
+            Column("gap_prefetch", "gap vs pf ref %", "right", pct)]
 
 
 def table_rows(results: Sequence[MoEResult]) -> list[dict[str, Any]]:
     return [{"label": r.label, "budget": r.budget, "hit_ratio": r.hit_ratio,
              "bytes_per_token": r.bytes_per_token, "precision": r.precision,
              "recall": r.recall, "extra_misses": r.extra_misses,
-             "stall_per_token": r.stall_per_token, "gap_closed": r.gap_closed} for r in results]
+             "stall_per_token": r.stall_per_token, "traffic": r.traffic,
+             "gap_closed": r.gap_closed, "gap_prefetch": r.gap_prefetch} for r in results]
 
 
 def format_table(results: Sequence[MoEResult], *, markdown: bool = False,
@@ -234,31 +254,39 @@ def format_table(results: Sequence[MoEResult], *, markdown: bool = False,
                   fmt=fmt or ("markdown" if markdown else "text")).rstrip("\n")
 
 
-def to_json(results: Sequence[MoEResult], trace: MoETrace, source: Source, compute: float
-            ) -> dict[str, Any]:
+def to_json(results: Sequence[MoEResult], trace: MoETrace, source: Source, compute: float,
+            chunk: int | None = None, interference: float = 0.0) -> dict[str, Any]:
     return {"trace": trace.path, "model": trace.model, "fingerprint": trace.fingerprint,
             "tokens": trace.tokens, "layers": trace.layers, "experts": trace.experts,
             "top_k": trace.top_k, "expert_bytes": trace.expert_bytes,
             "hints": trace.hints is not None,
             "source": {"name": source.name, "bandwidth": source.bandwidth,
                        "latency": source.latency},
-            "compute_per_layer": compute, "results": [r.row() for r in results]}
+            "compute_per_layer": compute,
+            "cancel_chunk": trace.expert_bytes if chunk is None else min(chunk,
+                                                                          trace.expert_bytes),
+            "interference": interference, "results": [r.row() for r in results]}
 
 
-#: The two offline optima, drawn apart: per-layer caches and one global cache (both Belady's
-#: MIN without prefetch, so the demand-only optimum of their layout).
-_BELADY_STYLE: dict[str, dict[str, Any]] = {
-    PER_LAYER: {"color": "k", "ls": "--", "marker": "s", "lw": 2.0,
-                "label": "Belady MIN, per-layer caches (demand-only optimum)"},
-    GLOBAL: {"color": "0.4", "ls": "-.", "marker": "D", "mfc": "none", "lw": 1.8,
-             "label": "Belady MIN, one global cache (demand-only optimum)"},
+#: The offline references, drawn apart: per-layer caches and one global cache, Belady's MIN
+#: without prefetch (the demand-only optimum of its layout) and with the oracle prefetch (the
+#: prefetch-aware reference).
+_BELADY_STYLE: dict[tuple[str, str], dict[str, Any]] = {
+    (NONE, PER_LAYER): {"color": "k", "ls": "--", "marker": "s", "lw": 2.0,
+                        "label": "Belady MIN, per-layer caches (demand-only optimum)"},
+    (NONE, GLOBAL): {"color": "0.4", "ls": "-.", "marker": "D", "mfc": "none", "lw": 1.8,
+                     "label": "Belady MIN, one global cache (demand-only optimum)"},
+    (ORACLE, PER_LAYER): {"color": "k", "ls": ":", "marker": "^", "lw": 2.0,
+                          "label": "Belady + oracle prefetch, per-layer (reference)"},
+    (ORACLE, GLOBAL): {"color": "0.4", "ls": ":", "marker": "v", "mfc": "none", "lw": 1.8,
+                       "label": "Belady + oracle prefetch, global (reference)"},
 }
 
 
 def figure(results: Sequence[MoEResult], title: str = "") -> Any:
     """Hit ratio and modeled stall per token against the budget, one line per policy: the
-    figure (matplotlib, Agg). Prefetching runs are dotted; each Belady layout has its own
-    style and label."""
+    figure (matplotlib, Agg). Prefetching runs are dotted; each Belady reference and layout
+    has its own style and label."""
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - matplotlib is a test dependency
@@ -267,18 +295,18 @@ def figure(results: Sequence[MoEResult], title: str = "") -> Any:
     import matplotlib.pyplot as plt
 
     series: dict[str, list[tuple[float, float, float]]] = {}
-    layout: dict[str, tuple[str, str]] = {}
+    layout: dict[str, tuple[str, str, str]] = {}
     for r in results:
         series.setdefault(r.label, []).append((100 * r.budget_fraction, 100 * r.hit_ratio,
                                                1e3 * r.stall_per_token))
-        layout[r.label] = (r.policy, r.layout)
+        layout[r.label] = (r.policy, r.prefetch, r.layout)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6), dpi=110)
     colors = iter(plt.get_cmap("tab20")(i) for i in range(20))
     for name, pts in series.items():
         pts.sort()
         xs = [p[0] for p in pts]
-        policy, lay = layout[name]
-        style: dict[str, Any] = (dict(_BELADY_STYLE[lay]) if policy == BELADY else
+        policy, pf, lay = layout[name]
+        style: dict[str, Any] = (dict(_BELADY_STYLE[pf, lay]) if policy == BELADY else
                                  {"marker": "o", "lw": 1.3, "color": next(colors, None),
                                   "ls": "-" if f"+{NONE}" in name or "+" not in name
                                   else ":", "label": name})

@@ -77,10 +77,13 @@ def test_late_prefetch_hides_part_and_a_wrong_one_in_flight_is_dropped(tmp_path:
     assert (r.hits, r.prefetch_used) == (1, 1)
     assert r.stall == pytest.approx(1.0 + 0.5)    # layer 0's miss, then 0.5 s of lateness
     wrong = R.read_trace(write(tmp_path / "b.jsonl", [[[0], [1]]], hints=[[[], [2]]]))
-    w = R.simulate(wrong, "lru", 4, **kw)
+    w = R.simulate(wrong, "lru", 4, cancel_chunk=0, **kw)      # cancelled at once
     assert (w.hits, w.prefetched, w.prefetch_used) == (0, 1, 0)
     assert w.prefetch_bytes == 50                 # dropped half way, at the router
     assert w.stall == pytest.approx(1.0 + 1.0)    # demand load starts when compute ends
+    whole = R.simulate(wrong, "lru", 4, **kw)     # the default: an expert is one copy
+    assert whole.prefetch_bytes == 100            # it runs to the end, at 1 s
+    assert whole.stall == pytest.approx(1.0 + 1.5)   # the demand load waits for it
 
 
 def test_cooccur_learns_a_fixed_successor(tmp_path: Path) -> None:
@@ -133,18 +136,25 @@ def test_matrix_adds_the_references_and_the_gap(tmp_path: Path) -> None:
     res = R.run_matrix(tr, ["lfu"], ["50%"], [R.NONE, "cooccur", R.HINTS], [R.GLOBAL])
     labels = [r.label for r in res]
     assert labels == ["lfu (global)", "lfu +cooccur (global)", "lru (per-layer)",
-                      "lru (global)", "belady (global)",
-                      "belady (per-layer)"]    # no hints in this trace
+                      "lru (global)", "belady (global)", "belady (per-layer)",
+                      "belady +oracle (global)",
+                      "belady +oracle (per-layer)"]    # no hints in this trace
     by = {r.label: r for r in res}
     assert by["lru (per-layer)"].gap_closed == pytest.approx(0.0)
     assert by["belady (per-layer)"].gap_closed == pytest.approx(1.0)
     assert by["lru (global)"].gap_closed == pytest.approx(0.0)    # each layout's own ends
     assert by["belady (global)"].gap_closed == pytest.approx(1.0)
     assert by["lfu +cooccur (global)"].gap_closed is None        # no prefetching optimum
+    for r in res:                                   # the prefetch-aware gap: every run
+        assert r.gap_prefetch is not None, r.label
+    assert by["belady +oracle (global)"].gap_prefetch == pytest.approx(1.0)
+    assert by["lru (global)"].gap_prefetch == pytest.approx(0.0)
     with pytest.raises(ConfigError):
         R.run_matrix(tr, ["nope"], ["50%"])
     with pytest.raises(ConfigError):
         R.simulate(tr, R.BELADY, 2, prefetch="cooccur")
+    with pytest.raises(ConfigError):
+        R.simulate(tr, R.BELADY, 2, prefetch=R.HINTS)
     with pytest.raises(ConfigError):
         R.simulate(tr, "lru", 2, prefetch=R.HINTS)
 
