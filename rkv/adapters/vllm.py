@@ -10,11 +10,14 @@ Load it by name with ``kv_connector="RkvConnector"`` and
                      kv_connector_extra_config={"store": "/var/lib/rkv"})
 
 The two sides: :mod:`rkv.adapters.vllm_scheduler` (lookups, per-step work) and
-:mod:`rkv.adapters.vllm_worker` (streamed verified loads, background saves). Keys bind the
+:mod:`rkv.adapters.vllm_worker` (streamed verified loads, background saves);
+:mod:`rkv.adapters.vllm_queue` turns vLLM's waiting queue (``on_new_request``) into
+prefetches and holds in the worker's engine. Keys bind the
 weights, the config, the KV dtype and shape, the paged layout, the attention backend and
 the vLLM version (:func:`rkv.adapters.vllm_settings.model_spec`); the start-up canary
 checks the paged layout against vLLM's own cache writer (:mod:`rkv.adapters.vllm_layout`).
-Only rkv's public API is used: ``Engine.open/lookup/get_layers/put/get/delete/wrap_tier``.
+Only rkv's public API is used: ``Engine.open/lookup/get_layers/put/get/delete/wrap_tier``
+and ``Engine.prefetch/release``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from rkv.adapters.vllm_layout import resolve_layout
 from rkv.adapters.vllm_metrics import Deltas, RkvConnectorStats, RkvPromMetrics, step_stats
+from rkv.adapters.vllm_queue import Announce, QueueHolds
 from rkv.adapters.vllm_scheduler import ReqWork, SchedulerSide
 from rkv.adapters.vllm_settings import (
     ConnectorSettings,
@@ -56,6 +60,8 @@ class RkvMetadata(KVConnectorMetadata):  # type: ignore[misc]
     """Scheduler -> worker, per step: what to load and save for each request."""
 
     work: list[ReqWork] = field(default_factory=list)
+    announce: list[Announce] = field(default_factory=list)
+    served: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -165,7 +171,9 @@ class RkvConnector(KVConnectorBase_V1):  # type: ignore[misc]
                  settings.store, spec_summary(self.spec))
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._queue: QueueHolds | None = None
         if is_worker:
+            self._queue = QueueHolds(self.engine, self.spec, self.stats)
             self._worker = WorkerSide(self.engine, self.spec, settings, layout, names,
                                       shape.block_size, backend, self.stats)
         else:
@@ -202,6 +210,10 @@ class RkvConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if self._worker is not None:
+            meta = self._connector_metadata
+            if isinstance(meta, RkvMetadata) and self._queue is not None:
+                self._queue.announce(meta.announce)
+                self._queue.served(meta.served)
             self._worker.start_load(self._work())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -229,6 +241,8 @@ class RkvConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return RkvWorkerMetadata(loads_disabled=True)
 
     def shutdown(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
         if self._worker is not None:
             self._worker.close()
         self.stats.write(force=True)
@@ -242,6 +256,10 @@ class RkvConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.stats.write()
         return n, is_async
 
+    def on_new_request(self, request: Any) -> None:
+        assert self._sched is not None
+        self._sched.queued(request)
+
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
         assert self._sched is not None
@@ -249,7 +267,8 @@ class RkvConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def build_connector_meta(self, scheduler_output: Any) -> RkvMetadata:
         assert self._sched is not None
-        return RkvMetadata(self._sched.build(scheduler_output))
+        announce, served = self._sched.take_queue()
+        return RkvMetadata(self._sched.build(scheduler_output), announce, served)
 
     def update_connector_output(self, connector_output: Any) -> None:
         meta = getattr(connector_output, "kv_connector_worker_meta", None)

@@ -6,6 +6,9 @@ block size and to at most all but the last prompt token (vLLM computes at least 
 Nothing is verified here; the worker verifies every block it loads and reports the ones
 that fail, which vLLM then recomputes.
 
+Queue: a request vLLM queues is announced to the worker, which prefetches and holds its
+stored prefix until the request is scheduled (:mod:`rkv.adapters.vllm_queue`).
+
 Saves: once a chunk of a request's tokens has its KV computed (prompt chunks during the
 prefill, generated ones while decoding), the worker is told to store the prefix up to it.
 """
@@ -16,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rkv.adapters.vllm_queue import Announce, QueueWaits
 from rkv.adapters.vllm_settings import ConnectorSettings
 from rkv.adapters.vllm_stats import Counters
 from rkv.errors import RkvError
@@ -65,6 +69,31 @@ class SchedulerSide:
         self._reqs: dict[str, _Req] = {}
         #: request id -> (tokens vLLM holds locally, tokens stored, tokens to load up to)
         self._looked: dict[str, tuple[int, int, int]] = {}
+        self.waits = QueueWaits(settings.queue_hold_s)
+        self._announce: list[Announce] = []
+        self._served: list[str] = []
+
+    def queued(self, request: Any) -> None:
+        """``on_new_request``: announce the request's whole chunks of prompt to the worker."""
+        if not self.settings.announce_queue or self.loads_disabled:
+            return
+        tokens = list(request.prompt_token_ids or ())
+        tokens = tokens[: len(tokens) // self.chunk * self.chunk]
+        if not tokens:
+            return
+        self.waits.joined(request.request_id)
+        self._announce.append(Announce(request.request_id, tokens, self.waits.hold_s()))
+        self.stats.add(queued=1)
+
+    def take_queue(self) -> tuple[list[Announce], list[str]]:
+        """The announcements and served request ids to send with this step's metadata (a
+        request announced and scheduled in the same step is neither)."""
+        served = set(self._served)
+        announce = [a for a in self._announce if a.req_id not in served]
+        fresh = {a.req_id for a in self._announce}
+        out = [r for r in self._served if r not in fresh]
+        self._announce, self._served = [], []
+        return announce, out
 
     def matched(self, request: Any, num_computed: int) -> tuple[int, bool]:
         """``get_num_new_matched_tokens``: tokens beyond ``num_computed`` to load."""
@@ -91,6 +120,8 @@ class SchedulerSide:
         if st is None:
             st = self._reqs[rid] = _Req(request)
         st.request = request
+        if self.waits.left(rid, scheduled=True):
+            self._served.append(rid)
         looked = self._looked.pop(rid, None)
         if looked is not None:
             st.saved = max(st.saved, looked[1] // self.chunk * self.chunk)
@@ -151,6 +182,8 @@ class SchedulerSide:
         """``request_finished``: forget it (the worker copied what it saves already)."""
         self._reqs.pop(request.request_id, None)
         self._looked.pop(request.request_id, None)
+        if self.waits.left(request.request_id, scheduled=False):
+            self._served.append(request.request_id)
 
     def worker_said(self, loads_disabled: bool) -> None:
         """The worker's start-up canary failed: offer no more hits."""

@@ -52,6 +52,10 @@ class ConnectorSettings:
     - ``canary``: check the paged layout at start (default true; docs/vllm.md).
     - ``layout``: how vLLM's paged cache is read: ``"auto"`` (from the attention backend) or
       a name from :data:`rkv.adapters.vllm_layout.LAYOUTS`.
+    - ``announce_queue``: when vLLM queues a request, prefetch its stored prefix into the
+      top tier and hold it against eviction until the request is scheduled (default true;
+      :mod:`rkv.adapters.vllm_queue`). ``queue_hold_s``: the longest a hold lasts, in
+      seconds (default none: twice the 95th percentile of measured queue waits, 5-600 s).
     - ``salt``: any string, part of every key (a new salt is a new key space).
     - ``faults``: a list of ``{"tier", "model", "hours", "seed"}`` dicts: reads of that tier
       go through :class:`rkv.tiers.faulty.FaultyTier` with errors drawn from the fault
@@ -74,6 +78,8 @@ class ConnectorSettings:
     canary: bool = True
     layout: str = "auto"
     salt: str = ""
+    announce_queue: bool = True
+    queue_hold_s: float | None = None
     faults: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     stats_file: str | None = None
 
@@ -88,7 +94,7 @@ class ConnectorSettings:
                 raise ConfigError("RkvConnector needs a store: kv_connector_extra_config="
                                   "{'store': '/path/to/store'} (or RKV_VLLM_STORE)")
             d["store"] = env
-        for name in ("load", "save", "save_decode", "save_async", "canary"):
+        for name in ("load", "save", "save_decode", "save_async", "canary", "announce_queue"):
             if name in d and not isinstance(d[name], bool):
                 raise ConfigError(f"RkvConnector: {name} must be true or false, got "
                                   f"{d[name]!r}")
@@ -99,6 +105,11 @@ class ConnectorSettings:
         q = d.get("save_queue_mb", 512.0)
         if not isinstance(q, int | float) or isinstance(q, bool) or q < 0:
             raise ConfigError(f"RkvConnector: save_queue_mb must be >= 0, got {q!r}")
+        hold = d.get("queue_hold_s")
+        if hold is not None and (not isinstance(hold, int | float) or isinstance(hold, bool)
+                                 or not 0 < hold <= 86400):
+            raise ConfigError(f"RkvConnector: queue_hold_s must be seconds in (0, 86400], "
+                              f"got {hold!r}")
         for name in ("store", "layout", "salt"):
             if name in d and not isinstance(d[name], str):
                 raise ConfigError(f"RkvConnector: {name} must be a string, got {d[name]!r}")

@@ -366,6 +366,13 @@ class Engine:
         future = moves.submit(moves.run, keys[: len(metas)], name, False, budget)
         return future
 
+    def release(self, tokens: Any, *, model: ModelSpec | dict[str, Any]) -> None:
+        """The queued request for ``tokens`` ran or was dropped without a :meth:`get` (a
+        serving engine that reads layer by layer): drop the hold one :meth:`prefetch` of it
+        took. A release without a hold does nothing."""
+        _, _, _, keys = self.core.prepare(tokens, model)
+        self.core.decisions.release(keys)
+
     def settle(self, timeout: float | None = None) -> None:
         """Wait until the background promotions and prefetches queued so far are done."""
         self._promotions.settle(timeout)

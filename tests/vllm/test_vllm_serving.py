@@ -72,6 +72,27 @@ def test_warm_restore_gives_the_tokens_of_recompute(baseline: dict[str, Any],
     assert r["scheduler_stats"]["hit_tokens"] == 512
 
 
+def test_queued_requests_are_announced_held_and_released(work: Path, baseline: dict[str, Any],
+                                                         texts: tuple[list[int], list[int]]
+                                                         ) -> None:
+    """Two running at a time (max_num_seqs=2), eight queued: the six that wait are announced
+    to the worker (prefetch + hold), each hold is dropped when its request is scheduled,
+    and every request still gets the tokens of vLLM without a connector."""
+    p1, _ = texts
+    r = run_job(work, "queue", {"llm": {"max_num_seqs": 2}, "connector": {
+        "name": "RkvConnector", "extra": extra(work / "store-q", work / "q.stats.json")},
+        "phases": [{"name": "fill", "prompts": [p1], "max_tokens": NEW},
+                   {"name": "queue", "prompts": [p1] * 8, "max_tokens": NEW}]})
+    want = phase(baseline, "p1")["tokens"]
+    assert phase(r, "fill")["tokens"] == want
+    assert phase(r, "queue")["tokens"] == want * 8
+    st, sched = r["stats"], r["scheduler_stats"]
+    assert sched["queued"] == 9
+    assert st["queue_announced"] == 6 and st["queue_released"] == 6
+    assert st.get("queue_errors", 0) == 0
+    assert st["loads"] == 8                       # every queued one restored its prefix
+
+
 def _vllm_spec(store: Path) -> Any:
     from rkv import Engine
 
