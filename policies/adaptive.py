@@ -86,12 +86,18 @@ class _Shadow:
         self.gate = gate             # the candidate's admission rule (shared with its ranker)
         self.score = 0.0
         self.broken = False          # a miss earlier in the request under way
+        #: The smallest need this request could not free: the request's blocks only join
+        #: the protected set, so no larger need can be freed until the next request (each
+        #: failing ask walks the whole shadow; a request longer than the cache asked it
+        #: once per block).
+        self.futile = math.inf
 
     def access(self, key: Hashable, now: float, item: Item | None, start: bool,
                gain: float, request: Container[Hashable]) -> None:
         pol = self.policy
         if start:
             self.broken = False
+            self.futile = math.inf
         if key in pol:
             pol.on_access(key, True, now)
             if not self.broken:
@@ -110,8 +116,9 @@ class _Shadow:
         if need > 0:
             if not self.gate.admit(item, now):
                 return
-            out = pol.victims(need, request)
+            out = pol.victims(need, request) if need < self.futile else None
             if out is None:
+                self.futile = min(self.futile, need)
                 return
             for v in out:
                 pol.on_remove(v, Reason.EVICTED)
@@ -141,7 +148,13 @@ class Adaptive(EvictionPolicy):
             raise PolicyError(f"candidates must name at least one policy: {candidates!r}")
         self.specs = tuple(specs)
         parts = [split_spec(s) for s in specs]
-        self.rankers = [_candidate(e, capacity) for e, _ in parts]
+        # One ranker per distinct eviction spec: two candidates that differ only in their
+        # admission rule (``prefix`` and ``prefix+after(n=2)``) are told the same events of
+        # this cache, so their rankers would hold the same order twice.
+        evictions = list(dict.fromkeys(e for e, _ in parts))
+        self.rankers = [_candidate(e, capacity) for e in evictions]
+        #: Candidate i ranks with ``rankers[ranker_of[i]]``.
+        self.ranker_of = [evictions.index(e) for e, _ in parts]
         #: Each candidate's admission rule: what it has seen depends on the accesses only,
         #: so its shadow and its ranker share one.
         self.gates = [make_admission(a) for _, a in parts]
@@ -214,7 +227,7 @@ class Adaptive(EvictionPolicy):
 
     # -- asked ---------------------------------------------------------------------------------
     def victims(self, need: int, protected: Container[Hashable] = ()) -> list[Hashable] | None:
-        lead = self.rankers[self.leader]
+        lead = self.rankers[self.ranker_of[self.leader]]
         out = lead.victims(need, protected)
         if out and self._pinnable and any(soft_pinned(self._items[k], self._now) for k in out):
             # Soft pins go last whoever leads (LRU itself ignores them): the leader's whole

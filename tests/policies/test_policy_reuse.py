@@ -227,6 +227,39 @@ def test_adaptive_forgets_deleted_blocks_in_its_shadows() -> None:
     assert all(len(r) == 0 for r in pol.rankers)
 
 
+def test_adaptive_shares_a_ranker_between_candidates_that_differ_in_admission() -> None:
+    pol = Adaptive(4, candidates="lru|prefix|prefix+after(n=2)")
+    assert len(pol.rankers) == 2 and pol.ranker_of == [0, 1, 1]
+    assert len(pol.shadows) == 3
+
+
+def test_a_shadow_asks_once_per_request_when_the_request_outgrows_it() -> None:
+    """A request longer than the cache: its blocks are protected, so the first failing ask
+    answers for the rest of the request; the next request asks again."""
+    pol = Adaptive(2, candidates="lru")
+    shadow = pol.shadows[0].policy
+    asked: list[int] = []
+    real = shadow.victims
+
+    def counting(need: int, protected: object = ()) -> list[Hashable] | None:
+        asked.append(need)
+        return real(need, protected)  # type: ignore[arg-type]
+
+    shadow.victims = counting  # type: ignore[method-assign]
+    # Request 0: blocks 0-1 fit, block 2's ask fails and answers for blocks 3-9 (one ask,
+    # not eight). Request 1: two asks evict request 0's blocks, the third fails (three,
+    # not ten).
+    for r, (n, want) in enumerate(((10, 1), (10, 4))):
+        prev: Hashable = None
+        for d in range(n):
+            key = (r, d)
+            item = Item(key, depth=d, parent=prev)
+            pol.on_access(key, False, r * 100 + d, item)
+            prev = key
+        assert len(asked) == want
+    assert len(shadow) == 2
+
+
 @pytest.mark.parametrize("bad", ["adaptive(candidates=nosuch)", "adaptive(candidates=adaptive)",
                                  "adaptive(candidates=lru||fifo)", "adaptive(horizon=0)",
                                  "adaptive(margin=-1)", "adaptive(candidates=3)",
