@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from replay_helpers import SLOW, write
 
 import policies
 from policies.belady import Belady
@@ -21,23 +22,6 @@ from rkv.errors import ConfigError, InputError
 from rkv.moe import replay as R
 from rkv.moe.presets import PRESETS, preset, synthetic_routes, synthetic_trace
 from rkv.moe.trace import TraceHeader
-
-SLOW = R.Source("test", bandwidth=100.0, latency=0.0)     # 100-byte experts load in 1 s
-
-
-def write(path: Path, routes: list[list[list[int]]], *, experts: int = 4, top_k: int = 1,
-          hints: list[list[list[int]]] | None = None, expert_bytes: int = 100) -> Path:
-    head = {"format": "rkv-moe-trace", "version": 1, "model": "hand", "fingerprint": "ab",
-            "layers": len(routes[0]), "experts": experts, "top_k": top_k,
-            "expert_bytes": expert_bytes}
-    lines = [json.dumps(head)]
-    for t, route in enumerate(routes):
-        obj: dict[str, Any] = {"t": t, "layers": route}
-        if hints is not None:
-            obj["hints"] = hints[t]
-        lines.append(json.dumps(obj))
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 # -- known answers ---------------------------------------------------------------------------------

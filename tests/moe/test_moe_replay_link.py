@@ -18,6 +18,7 @@ import legacy_replay as old
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from replay_helpers import SLOW, write
 
 from policies.base import Item, Reason
 from policies.belady import Belady, next_use_after, next_use_positions
@@ -25,22 +26,6 @@ from rkv.cli import main
 from rkv.errors import ConfigError
 from rkv.moe import replay as R
 from rkv.moe.trace import TraceHeader
-
-SLOW = R.Source("test", bandwidth=100.0, latency=0.0)     # 100-byte experts load in 1 s
-
-
-def write(path: Path, routes: list[list[list[int]]], *, experts: int = 4,
-          hints: list[list[list[int]]] | None = None) -> Path:
-    head = {"format": "rkv-moe-trace", "version": 1, "model": "hand", "fingerprint": "ab",
-            "layers": len(routes[0]), "experts": experts, "top_k": 1, "expert_bytes": 100}
-    lines = [json.dumps(head)]
-    for t, route in enumerate(routes):
-        obj: dict[str, Any] = {"t": t, "layers": route}
-        if hints is not None:
-            obj["hints"] = hints[t]
-        lines.append(json.dumps(obj))
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def random_trace(seed: int, layers: int = 2, experts: int = 5, top_k: int = 2,

@@ -59,6 +59,7 @@ def test_old_recall_went_negative_here(results: list[R.MoEResult]) -> None:
 def test_table_shows_the_columns(results: list[R.MoEResult]) -> None:
     head = format_table(results).splitlines()[0]
     assert "recall %" in head and "extra miss %" in head and "gap closed %" in head
+    assert "traffic x" in head and "gap vs pf ref %" in head
 
 
 def test_figure_draws_the_two_belady_optima_apart(results: list[R.MoEResult]) -> None:
@@ -73,6 +74,10 @@ def test_figure_draws_the_two_belady_optima_apart(results: list[R.MoEResult]) ->
             assert (per.get_linestyle(), per.get_marker()) != (
                 glob.get_linestyle(), glob.get_marker())
             assert per.get_color() != glob.get_color()
+            ref = lines["Belady + oracle prefetch, per-layer (reference)"]
+            assert (ref.get_linestyle(), ref.get_marker()) != (
+                per.get_linestyle(), per.get_marker())
+            assert "Belady + oracle prefetch, global (reference)" in lines
             assert lines["lru +cooccur (per-layer)"].get_linestyle() == ":"
             assert lines["lru (per-layer)"].get_linestyle() == "-"
     finally:
