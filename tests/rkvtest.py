@@ -41,6 +41,16 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
+def chunk_bytes(n: int = 16, spec: ModelSpec = SMALL) -> int:
+    """Bytes one ``n``-token chunk of ``spec`` (float16) takes in a tier: all its layers'
+    records."""
+    from rkv.format.record import RecordHeader, array_record_size
+
+    h = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
+                     shape=spec.block_shape(n), dtype=spec.dtype, data_len=0, payload_len=0)
+    return array_record_size(h, 2 * n * spec.n_kv_heads * spec.head_dim * 2) * spec.n_layers
+
+
 def random_kv(spec: ModelSpec, n: int, seed: int = 0) -> np.ndarray:
     from rkv.format.dtypes import numpy_dtype
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rkvtest import SMALL, random_kv
+from rkvtest import SMALL, chunk_bytes, random_kv
 
 from policies import AdmitAfter, EvictionPolicy, available, make_policy
 from policies.belady import Belady
@@ -76,15 +76,6 @@ def _one_tier(cap_chunks: int, policy: str, size: int) -> EngineConfig:
                    policy=policy),))
 
 
-def _chunk_bytes() -> int:
-    """Bytes one 16-token chunk of ``SMALL`` takes in a tier (all its layers' records)."""
-    from rkv.format.record import RecordHeader, array_record_size
-
-    h = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
-                     shape=SMALL.block_shape(16), dtype=SMALL.dtype, data_len=0, payload_len=0)
-    return array_record_size(h, 2 * 16 * SMALL.n_kv_heads * SMALL.head_dim * 2) * SMALL.n_layers
-
-
 def _toks(seed: int) -> list[int]:
     return [(seed * 7919 + i * 31) % 30000 + 1 for i in range(16)]
 
@@ -92,7 +83,7 @@ def _toks(seed: int) -> list[int]:
 def test_the_engine_admits_a_chunk_held_for_a_queued_request(tmp_path: Path) -> None:
     """Full tier, ``lru+after(n=2)`` (and ``adaptive`` led by it): a first-sighted chunk is
     refused, unless a queued request announced by ``prefetch`` wants it."""
-    size = _chunk_bytes()
+    size = chunk_bytes()
     for policy in ("lru+after(n=2)", "adaptive(candidates=lru+after(n=2))"):
         with Engine.open(tmp_path / policy, _one_tier(2, policy, size)) as e:
             for i in range(2):

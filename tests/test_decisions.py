@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rkvtest import SMALL, HeldTier, local_config, random_kv
+from rkvtest import SMALL, HeldTier, chunk_bytes, local_config, random_kv
 
 from policies import make_policy
 from policies.base import EvictionPolicy
@@ -130,14 +130,6 @@ def one_tier(cap_chunks: int, policy: str = "lru", **kw: Any) -> EngineConfig:
     return EngineConfig(chunk_tokens=16, promote="never", tiers=(
         TierConfig("dram", medium="memory", path="t/dram", capacity_bytes=cap_chunks * size,
                    policy=policy),), **kw)
-
-
-def chunk_bytes() -> int:
-    from rkv.format.record import RecordHeader, array_record_size
-
-    h = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
-                     shape=SMALL.block_shape(16), dtype=SMALL.dtype, data_len=0, payload_len=0)
-    return array_record_size(h, 2 * 16 * SMALL.n_kv_heads * SMALL.head_dim * 2) * SMALL.n_layers
 
 
 def order(e: Engine, tier: str = "dram") -> list[bytes]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rkvtest import SMALL, local_config, random_kv
+from rkvtest import SMALL, chunk_bytes, local_config, random_kv
 
 from rkv import (
     ConfigError,
@@ -181,17 +181,8 @@ def test_clear(store_path: Path) -> None:
         assert st["chunks"] == 0 and all(t["records"] == 0 for t in st["tiers"].values())
 
 
-def _chunk_bytes(e: Engine, n: int = 16) -> int:
-    from rkv.format.record import RecordHeader, array_record_size
-
-    h = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
-                     shape=SMALL.block_shape(n), dtype=SMALL.dtype, data_len=0, payload_len=0)
-    return array_record_size(h, 2 * n * SMALL.n_kv_heads * SMALL.head_dim * 2) * SMALL.n_layers
-
-
 def test_lru_demotion_and_eviction(store_path: Path) -> None:
-    with Engine.open(store_path, local_config(16)) as e0:
-        size = _chunk_bytes(e0)
+    size = chunk_bytes()
     caps = (2 * size, 2 * size, 3 * size)
     with Engine.open(store_path, local_config(16, caps, policy="lru", promote="never")) as e:
         seqs = [toks(16, seed=i) for i in range(9)]
@@ -218,8 +209,7 @@ def test_lru_demotion_and_eviction(store_path: Path) -> None:
 
 
 def test_prefixes_stay_reachable_under_eviction(store_path: Path) -> None:
-    with Engine.open(store_path, local_config(16)) as e0:
-        size = _chunk_bytes(e0)
+    size = chunk_bytes()
     with Engine.open(store_path, local_config(16, (size, size, 3 * size))) as e:
         base = toks(32)
         for i in range(6):
@@ -232,8 +222,7 @@ def test_prefixes_stay_reachable_under_eviction(store_path: Path) -> None:
 
 
 def test_on_full_error(store_path: Path) -> None:
-    with Engine.open(store_path, local_config(16)) as e0:
-        size = _chunk_bytes(e0)
+    size = chunk_bytes()
     cfg = local_config(16, (size, size, size), on_full="error")
     with Engine.open(store_path, cfg) as e:
         for i in range(3):

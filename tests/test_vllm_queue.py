@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rkvtest import SMALL, random_kv
+from rkvtest import SMALL, chunk_bytes, random_kv
 
 from rkv import Engine, EngineConfig, TierConfig
 from rkv.adapters.vllm_queue import FIRST_HOLD_S, MAX_HOLD_S, MIN_HOLD_S, QueueHolds, QueueWaits
@@ -19,17 +19,8 @@ from rkv.adapters.vllm_scheduler import SchedulerSide
 from rkv.adapters.vllm_settings import ConnectorSettings
 from rkv.adapters.vllm_stats import Counters
 from rkv.errors import ConfigError
-from rkv.format.record import RecordHeader, array_record_size
 
 CHUNK = 16
-
-
-def chunk_bytes() -> int:
-    h = RecordHeader(key=bytes(32), layer=0, fingerprint=bytes(16),
-                     shape=SMALL.block_shape(CHUNK), dtype=SMALL.dtype, data_len=0,
-                     payload_len=0)
-    return array_record_size(h, 2 * CHUNK * SMALL.n_kv_heads * SMALL.head_dim * 2) \
-        * SMALL.n_layers
 
 
 def engine(path: Path, chunks: int) -> Engine:
