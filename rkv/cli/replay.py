@@ -20,10 +20,11 @@ from rkv.cli.moe_replay import dispatch, moe_options, moe_params
                    "policy: prefix+after(n=2) (repeatable)  [default: every registered policy]")
 @click.option("--markdown", is_flag=True, help="print Markdown tables")
 @click.option("--csv", is_flag=True, help="print the results table alone as CSV")
-@click.option("--lookahead", type=int, multiple=True, metavar="N",
-              help="also replay with a scheduler that knows the next N queued requests (their "
-                   "cached blocks are not evicted; with --tiers they are also prefetched into "
-                   "the top tier); repeatable; 0 = no look-ahead  [default: 0]")
+@click.option("--lookahead", multiple=True, metavar="N|Ts",
+              help="also replay with a scheduler that knows the queued requests: the next N "
+                   "(256) or those arriving within a time (75s, 500ms, 2min); their cached "
+                   "blocks are not evicted, and with --tiers they are also prefetched into the "
+                   "top tier; repeatable; 0 = no look-ahead  [default: 0]")
 @click.option("--capacity", multiple=True, metavar="C",
               help="cache size: a fraction of the trace's unique blocks (0.05, 5%) or bytes "
                    "(2GiB) (repeatable)  [default without --tiers: 0.01 0.02 0.05 0.1 0.2]")

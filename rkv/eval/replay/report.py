@@ -18,6 +18,7 @@ from typing import Any
 from policies import PolicyError, available
 from rkv.errors import ConfigError, InputError
 from rkv.eval.replay.layout import Layout, budget_bytes, parse_budget, parse_layout
+from rkv.eval.replay.queue import Lookahead, parse_lookahead, queue_lengths
 from rkv.eval.replay.simulate import (
     BELADY,
     DEFAULT_CAPACITIES,
@@ -210,8 +211,10 @@ def cli_replay(args: Any) -> int:
         raise ConfigError("--promote and --prefetch-* apply to --tiers layouts")
     if args.store and args.tiers:
         raise ConfigError("--store replays one tier: use --capacity, not --tiers")
-    if any(n < 0 for n in args.lookahead):
-        raise ConfigError(f"--lookahead must be >= 0, got {min(args.lookahead)}")
+    try:
+        lookaheads = [parse_lookahead(text) for text in args.lookahead] or [Lookahead()]
+    except ConfigError as exc:
+        raise ConfigError(f"--lookahead: {exc}") from None
     cost = CostModel(
         block_bytes=SMOLLM2_BLOCK_BYTES if args.block_bytes is None else args.block_bytes,
         bandwidth=args.bandwidth * 1e9, latency=args.latency * 1e-6,
@@ -233,14 +236,14 @@ def cli_replay(args: Any) -> int:
 
         try:
             results = replay_all(trace, specs, capacities, layouts, cost, progress=progress,
-                                 lookaheads=args.lookahead or [0], promote=promote,
+                                 lookaheads=lookaheads, promote=promote,
                                  prefetch_budget=budget,
                                  prefetch_policy=args.prefetch_policy or "queue")
             if args.store:
                 from rkv.eval.replay.store import run_on_store
 
                 results += run_on_store(trace, specs, capacities, args.store, cost,
-                                        lookaheads=args.lookahead or [0], progress=progress)
+                                        lookaheads=lookaheads, progress=progress)
         except PolicyError as exc:
             raise ConfigError(f"policy misbehaved: {exc}") from exc
     log.info("replay: %d runs of %s", len(results), args.trace)
@@ -256,11 +259,24 @@ def cli_replay(args: Any) -> int:
           f"{model}{cost.recompute_tps:g} tokens/s recompute")
     for lay in layouts:
         print(describe_layout(lay, trace, cost, promote, budget))
+    for q in lookaheads:
+        if q.seconds:
+            print(describe_queue(q, trace))
     print()
     print(format_table(results, fmt=fmt))
     _write_json(args, results, trace, cost, layouts, promote, budget)
     _plot(args, results)
     return 0
+
+
+def describe_queue(lookahead: Lookahead, trace: Trace) -> str:
+    """One line on what a time-window queue holds on ``trace``: its length in requests."""
+    import numpy as np
+
+    n = np.asarray(queue_lengths(trace.queue_ends(lookahead)), dtype=np.int64)
+    p50, p90 = (float(x) for x in np.percentile(n, [50, 90])) if n.size else (0.0, 0.0)
+    return (f"queue {lookahead.text}: {n.mean() if n.size else 0:.0f} requests on average "
+            f"(median {p50:.0f}, p90 {p90:.0f}, max {int(n.max()) if n.size else 0})")
 
 
 def _plot(args: Any, results: Sequence[Result]) -> None:

@@ -41,6 +41,7 @@ from policies.base import (
 )
 from policies.belady import Belady, InfiniteCache, next_use_positions
 from rkv.errors import ConfigError, InputError
+from rkv.eval.replay.queue import Lookahead, parse_lookahead
 from rkv.format.traces import Request
 from rkv.ui.sizes import UNITS, scale
 
@@ -95,6 +96,7 @@ class Trace:
     block_tokens: list[int]       # tokens per block of each request
     counted: list[bool]           # True for gets (counted), False for puts
     unique: int                   # distinct block ids
+    times: list[float] = field(default_factory=list)  # arrival of each request, seconds
     _next_use: list[int] | None = field(default=None, repr=False)
 
     @property
@@ -108,6 +110,13 @@ class Trace:
             self._next_use = next_use_positions(self.refs)
         return self._next_use
 
+    def queue_ends(self, lookahead: Lookahead) -> list[int]:
+        """While request ``r`` is served the queue holds requests ``r + 1 .. ends[r] - 1``
+        (:meth:`Lookahead.ends`)."""
+        if lookahead.seconds and len(self.times) != self.requests:
+            raise ConfigError("a look-ahead in seconds needs the trace's arrival times")
+        return lookahead.ends(self.times if lookahead.seconds else [0.0] * self.requests)
+
 
 def prepare(requests: Iterable[Request], cost: CostModel = CostModel()) -> Trace:
     """Flatten ``requests``. A block's :class:`Item` comes from its first reference: size
@@ -119,6 +128,7 @@ def prepare(requests: Iterable[Request], cost: CostModel = CostModel()) -> Trace
     tokens: list[int] = []
     block_tokens: list[int] = []
     counted: list[bool] = []
+    times: list[float] = []
     known: dict[Hashable, Item] = {}
     bb, tps = cost.block_bytes, cost.recompute_tps
     for req in requests:
@@ -137,9 +147,10 @@ def prepare(requests: Iterable[Request], cost: CostModel = CostModel()) -> Trace
         tokens.append(req.tokens)
         block_tokens.append(req.block_tokens)
         counted.append(req.op != "put")
+        times.append(req.timestamp)
     if not refs:
         raise InputError("the trace has no block references to replay")
-    return Trace(refs, items, starts, tokens, block_tokens, counted, len(known))
+    return Trace(refs, items, starts, tokens, block_tokens, counted, len(known), times)
 
 
 # -- capacities ------------------------------------------------------------------------------------
@@ -209,7 +220,8 @@ class Result:
     #: With several tiers (:mod:`rkv.eval.replay.tiers`): per-tier hits and bytes moved, top first.
     #: Empty for a one-tier :func:`simulate`.
     tiers: tuple[TierStats, ...] = ()
-    lookahead: int = 0            # queued requests the scheduler knew
+    lookahead: int = 0            # queued requests the scheduler knew (a count) ...
+    lookahead_s: float = 0.0      # ... or the seconds of arrivals it knew (a time window)
     promote: str = ""             # several tiers: "hit" or "never"
     prefetch_budget: int = 0      # several tiers: bytes prefetched at most per request
 
@@ -278,20 +290,22 @@ class _Either:
 
 def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostModel = CostModel(),
              *, label: str | None = None, capacity_text: str = "",
-             admission: AdmissionPolicy | None = None, lookahead: int = 0) -> Result:
+             admission: AdmissionPolicy | None = None,
+             lookahead: int | str | Lookahead = 0) -> Result:
     """Replay ``trace`` through ``policy`` (fresh, empty) managing ``capacity`` bytes.
 
     ``admission``, when given, is told every access and asked before a miss would evict
     anything: a block it refuses is not cached. ``lookahead`` models a scheduler that knows
-    the next N queued requests: their cached blocks are protected from eviction (what a
-    serving engine's queue tells the cache; with one tier there is nothing to fetch early,
-    so knowing the queue means not evicting what it is about to read)."""
+    the queued requests (the next N, or those arriving within a time: :mod:`.queue`): their
+    cached blocks are protected from eviction (what a serving engine's queue tells the cache;
+    with one tier there is nothing to fetch early, so knowing the queue means not evicting
+    what it is about to read)."""
     refs, items, starts, counted = trace.refs, trace.items, trace.starts, trace.counted
     nreq = trace.requests
-    queued: dict[Hashable, int] = {}       # blocks of the next ``lookahead`` requests
-    for q in range(1, min(lookahead + 1, nreq)):
-        for key in refs[starts[q]:starts[q + 1]]:
-            queued[key] = queued.get(key, 0) + 1
+    ahead = parse_lookahead(lookahead)
+    ends = trace.queue_ends(ahead)
+    queued: dict[Hashable, int] = {}       # blocks of the queued requests
+    tail = 0                               # requests below ``tail`` have joined the queue
     cached: set[Hashable] = set()
     access, insert = policy.on_access, policy.on_insert
     remove = policy.on_remove
@@ -301,18 +315,20 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
     t0 = time.perf_counter()
     for r in range(nreq):
         s, e = starts[r], starts[r + 1]
-        if lookahead and r:                     # the queue holds requests r+1 .. r+lookahead
-            for key in refs[s:e]:               # request r leaves the queue ...
-                n = queued.get(key, 0) - 1
-                if n > 0:
-                    queued[key] = n
-                else:
-                    queued.pop(key, None)
-            if r + lookahead < nreq:            # ... and request r + lookahead joins it
-                for key in refs[starts[r + lookahead]:starts[r + lookahead + 1]]:
+        if ahead:                               # the queue holds requests r+1 .. ends[r]-1
+            if r < tail:                        # request r leaves the queue ...
+                for key in refs[s:e]:
+                    n = queued[key] - 1
+                    if n:
+                        queued[key] = n
+                    else:
+                        del queued[key]
+            for q in range(max(tail, r + 1), ends[r]):  # ... and the new arrivals join it
+                for key in refs[starts[q]:starts[q + 1]]:
                     queued[key] = queued.get(key, 0) + 1
+            tail = max(tail, ends[r])
         protected: set[Hashable] | _Either = set()
-        if lookahead:
+        if ahead:
             protected = _Either(set(), queued)
         # Within a request the protected set only grows and every block that enters the
         # cache is protected, so once ``need`` bytes could not be freed, no larger need can
@@ -361,7 +377,8 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
             lead[r] = e - s if first_miss < 0 else first_miss
     seconds = time.perf_counter() - t0
     return _result(trace, cost, label or policy.name or type(policy).__name__, capacity,
-                   capacity_text, lead, hits, evictions, seconds, lookahead=lookahead)
+                   capacity_text, lead, hits, evictions, seconds, lookahead=ahead.requests,
+                   lookahead_s=float(ahead.seconds))
 
 
 def _result(trace: Trace, cost: CostModel, label: str, capacity: int, capacity_text: str,
@@ -415,12 +432,12 @@ def check_specs(policies: Sequence[str], capacity: int) -> None:
 def run_replay(trace: Trace, policies: Sequence[str], capacities: Sequence[Capacity],
                cost: CostModel = CostModel(), *, references: bool = True,
                progress: Callable[[str], None] | None = None,
-               lookaheads: Sequence[int] = (0,)) -> list[Result]:
+               lookaheads: Sequence[int | str | Lookahead] = (0,)) -> list[Result]:
     """Every policy spec at every capacity (and every scheduler look-ahead, labelled
-    ``spec +queue N`` when N > 0), then (with ``references``) Belady and the infinite cache.
-    A bad spec raises :class:`ConfigError` before anything runs."""
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lookaheads):
-        raise ConfigError(f"look-ahead must be whole numbers >= 0, got {list(lookaheads)}")
+    ``spec +queue N`` or ``spec +queue 75s``), then (with ``references``) Belady and the
+    infinite cache. A bad spec or look-ahead raises :class:`ConfigError` before anything
+    runs."""
+    queues = [parse_lookahead(n) for n in lookaheads]
     from policies import make_admission, make_policy, split_spec
 
     caps = [(c, c.resolve(trace, cost)) for c in capacities]
@@ -428,8 +445,8 @@ def run_replay(trace: Trace, policies: Sequence[str], capacities: Sequence[Capac
     out: list[Result] = []
     for spec in policies:
         evict, admit = split_spec(spec)
-        for ahead in lookaheads:
-            label = f"{spec} +queue {ahead}" if ahead else spec
+        for ahead in queues:
+            label = f"{spec} +queue {ahead.text}" if ahead else spec
             for c, nbytes in caps:
                 if progress:
                     progress(f"{label} at {c.text}")

@@ -18,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from policies.base import EvictionPolicy
 from rkv.errors import ConfigError
+from rkv.eval.replay.queue import Lookahead, parse_lookahead
 from rkv.eval.replay.simulate import Capacity, CostModel, Result, Trace, _result
 from rkv.format.model import ModelSpec
 from rkv.store.config import EngineConfig, TierConfig
@@ -67,18 +68,22 @@ def replay_on_store(trace: Trace, path: str | Path, policy: str, capacity: int,
                     cost: CostModel | None = None, *, label: str | None = None,
                     capacity_text: str = "",
                     progress: Callable[[int, int], None] | None = None,
-                    keep: list[EvictionPolicy] | None = None, lookahead: int = 0) -> Result:
+                    keep: list[EvictionPolicy] | None = None,
+                    lookahead: int | str | Lookahead = 0) -> Result:
     """Replay ``trace`` through a new store at ``path`` whose one tier holds ``capacity``
     bytes' worth of the trace's blocks (``capacity // cost.block_bytes`` chunks) under
     ``policy`` (a tier policy spec, e.g. ``"lru"`` or ``"prefix+after(n=2)"``).
 
-    ``lookahead`` N: each request is announced to the engine with :meth:`Engine.prefetch`
-    when it joins a queue of N (so its chunks are held until its ``get``), as the store-less
-    replay's look-ahead models. ``keep``, when given, receives the tier's policy object at
-    the end (tests compare its contents with the store-less replay's)."""
+    ``lookahead`` (N requests or a time, :mod:`.queue`): each request is announced to the
+    engine with :meth:`Engine.prefetch` when it joins the queue (so its chunks are held until
+    its ``get``), as the store-less replay's look-ahead models. ``keep``, when given,
+    receives the tier's policy object at the end (tests compare its contents with the
+    store-less replay's)."""
     from rkv.store.engine import Engine
 
     cost = cost or CostModel()
+    ahead = parse_lookahead(lookahead)
+    ends = trace.queue_ends(ahead) if ahead else None
     root = Path(path)
     if root.exists() and any(root.iterdir()):
         raise ConfigError(f"{root} exists and is not empty: --store needs a new directory")
@@ -94,12 +99,13 @@ def replay_on_store(trace: Trace, path: str | Path, policy: str, capacity: int,
         return np.concatenate([block_tokens(b, ct) for b in ids]) if ids else np.empty(0)
 
     with Engine.open(root, cfg) as engine:
-        joining = range(1, min(lookahead + 1, trace.requests))  # queued before the first
+        tail = 1                        # requests below ``tail`` have been announced
         for r in range(trace.requests):
-            for q in joining:
-                if len(tokens_of(q)):
-                    engine.prefetch(tokens_of(q), model=spec, hold=math.inf)
-            joining = range(r + lookahead + 1, min(r + lookahead + 2, trace.requests))
+            if ends is not None:
+                for q in range(max(tail, r + 1), ends[r]):   # the new arrivals join the queue
+                    if len(tokens_of(q)):
+                        engine.prefetch(tokens_of(q), model=spec, hold=math.inf)
+                tail = max(tail, ends[r])
             ids = trace.refs[trace.starts[r]:trace.starts[r + 1]]
             if not ids:
                 continue
@@ -117,12 +123,13 @@ def replay_on_store(trace: Trace, path: str | Path, policy: str, capacity: int,
             keep.append(engine.core.decisions.policies["cache"])
     seconds = time.perf_counter() - t0
     return _result(trace, cost, label or f"{policy} (store)", capacity, capacity_text, lead,
-                   hits, evictions, seconds)
+                   hits, evictions, seconds, lookahead=ahead.requests,
+                   lookahead_s=float(ahead.seconds))
 
 
 def run_on_store(trace: Trace, specs: list[str], capacities: list[Capacity],
                  root: str | Path, cost: CostModel | None = None, *,
-                 lookaheads: list[int] | None = None,
+                 lookaheads: Sequence[int | str | Lookahead] | None = None,
                  progress: Callable[[str], None] | None = None) -> list[Result]:
     """Every spec at every capacity and look-ahead through a new store under ``root``
     (one store per run, destroyed after it), labelled ``spec [store]``."""
@@ -135,8 +142,8 @@ def run_on_store(trace: Trace, specs: list[str], capacities: list[Capacity],
     out: list[Result] = []
     run = 0
     for spec in specs:
-        for ahead in lookaheads or [0]:
-            label = f"{spec} [store]" + (f" +queue {ahead}" if ahead else "")
+        for ahead in [parse_lookahead(n) for n in lookaheads or [0]]:
+            label = f"{spec} [store]" + (f" +queue {ahead.text}" if ahead else "")
             for cap in capacities:
                 if progress is not None:
                     progress(f"{label} at {cap.text}")

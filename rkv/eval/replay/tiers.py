@@ -60,6 +60,7 @@ from policies.prefetch import make_prefetch
 from rkv.checks import as_float, as_int, one_of
 from rkv.errors import ConfigError
 from rkv.eval.replay.layout import Layout, budget_bytes
+from rkv.eval.replay.queue import Lookahead, parse_lookahead
 from rkv.eval.replay.simulate import (
     BELADY,
     DEFAULT_BANDWIDTH,
@@ -265,9 +266,9 @@ class _Pins(dict[Hashable, int]):
 
 def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST, *,
                    label: str | None = None, capacity_text: str = "",
-                   admission: AdmissionPolicy | None = None, lookahead: int = 0,
-                   promote: str = "hit", prefetch_budget: int | None = None,
-                   prefetch_policy: str = "queue") -> Result:
+                   admission: AdmissionPolicy | None = None,
+                   lookahead: int | str | Lookahead = 0, promote: str = "hit",
+                   prefetch_budget: int | None = None, prefetch_policy: str = "queue") -> Result:
     """Replay ``trace`` through ``tiers`` (top first, fresh policies; see the module doc).
     ``cost`` gives the block size and the recompute throughput (its bandwidth and latency are
     the tiers'); ``prefetch_budget``: bytes per request (``None``: a quarter of the top tier,
@@ -280,7 +281,8 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
     if not 1 <= len(tiers) < 255:      # ``served`` keeps tier numbers in bytes
         raise ConfigError(f"a replay needs 1 to 254 tiers, got {len(tiers)}")
     one_of(promote, PROMOTE, "promote")
-    as_int(lookahead, "look-ahead", lo=0)
+    ahead = parse_lookahead(lookahead)
+    ends = trace.queue_ends(ahead)
     budget = as_int(max(tiers[0].capacity // 4, cost.block_bytes) if prefetch_budget is None
                     else prefetch_budget, "prefetch budget (bytes)", lo=0)
     top = tiers[0].policy
@@ -291,27 +293,28 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
     where, pols, place, lift = c.where, c.pols, c.place, c.lift
     access0, cap0 = top.on_access, tiers[0].capacity
     promoting = promote == "hit"
-    if len(tiers) == 1 or not lookahead:
+    if len(tiers) == 1 or not ahead:
         budget = 0                             # nothing below to prefetch from, or no queue
     served = bytearray(b"\xff") * len(refs)    # the tier each reference hit in; 255: a miss
     lead = [0] * nreq
-    # With a queue, ``pins`` holds the blocks of requests r .. r+N while request r's
-    # prefetch runs, then those of r+1 .. r+N plus the blocks r has touched so far.
+    # With a queue, ``pins`` holds the blocks of requests r .. ends[r]-1 while request r's
+    # prefetch runs, then those of r+1 .. ends[r]-1 plus the blocks r has touched so far.
     pins = _Pins()
     cands: deque[Hashable] = deque()           # queued blocks in queue order, to prefetch
-    for q in range(min(lookahead + 1, nreq) if lookahead else 0):
-        pins.add_all(refs[starts[q]:starts[q + 1]])
-        if q:
-            cands.extend(refs[starts[q]:starts[q + 1]])
+    tail = 0                                   # requests below ``tail`` have been pinned
     t0 = time.perf_counter()
     for r in range(nreq):
         s, e = starts[r], starts[r + 1]
         protected: set[Hashable] | _Pins
-        if lookahead:
-            if r and r + lookahead < nreq:      # request r + lookahead joins the queue
-                joining = refs[starts[r + lookahead]:starts[r + lookahead + 1]]
+        if ahead:
+            if r >= tail:                       # r arrived after the queue was last seen
+                pins.add_all(refs[s:e])
+                tail = r + 1
+            for q in range(tail, ends[r]):      # the new arrivals join the queue
+                joining = refs[starts[q]:starts[q + 1]]
                 pins.add_all(joining)
                 cands.extend(joining)
+            tail = max(tail, ends[r])
             c.forget()                          # request r - 1's blocks left the pins
             if budget and cands:                # request r's own blocks are not prefetched
                 c.prefetch(cands, pins, set(refs[s:e]), budget, s, prefetcher)
@@ -324,7 +327,7 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
         first_miss = -1
         for i in range(s, e):
             key = refs[i]
-            queued = lookahead and key in protected  # a queued request will read it too
+            queued = bool(ahead) and key in protected  # a queued request will read it too
             add(key)                            # the request's blocks stay while it runs
             t = where.get(key)
             if t == 0:
@@ -352,14 +355,14 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
                 if promoting:
                     access0(key, False, i, items[i])   # the top tier did not have it
                     lift(key, t, protected, i)
-        if lookahead:
+        if ahead:
             pins.drop_all(refs[s:e])
         if counted[r]:
             lead[r] = e - s if first_miss < 0 else first_miss
     seconds = time.perf_counter() - t0
     return _tiered_result(trace, cost, tiers, c, served, lead, seconds, name, capacity_text,
-                          lookahead=lookahead, promote=promote,
-                          prefetch_budget=budget if lookahead else 0)
+                          lookahead=ahead.requests, lookahead_s=float(ahead.seconds),
+                          promote=promote, prefetch_budget=budget if ahead else 0)
 
 
 def _tiered_result(trace: Trace, cost: CostModel, tiers: Sequence[Tier], c: _Cascade,
@@ -395,7 +398,8 @@ def _tiered_result(trace: Trace, cost: CostModel, tiers: Sequence[Tier], c: _Cas
 # -- runs ------------------------------------------------------------------------------------------
 def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout],
                 cost: CostModel = _COST, *, references: bool = True,
-                progress: Callable[[str], None] | None = None, lookaheads: Sequence[int] = (0,),
+                progress: Callable[[str], None] | None = None,
+                lookaheads: Sequence[int | str | Lookahead] = (0,),
                 promote: str = "hit", prefetch_budget: Capacity | None = None,
                 prefetch_policy: str = "queue") -> list[Result]:
     """Every policy spec on every layout (and look-ahead: ``spec +prefetch N`` with several
@@ -406,8 +410,7 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
     from policies import make_admission, make_policy, split_spec
 
     one_of(promote, PROMOTE, "promote")
-    for i, n in enumerate(lookaheads):
-        as_int(n, f"look-ahead [{i}]", lo=0)
+    queues = [parse_lookahead(n) for n in lookaheads]
     resolved = [(lay, [t.capacity.resolve(trace, cost) for t in lay.tiers]) for lay in layouts]
     try:
         make_prefetch(prefetch_policy)
@@ -417,13 +420,13 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
     out: list[Result] = []
     for spec in policies:
         evict, admit = split_spec(spec)
-        for ahead in lookaheads:
+        for ahead in queues:
             for lay, caps in resolved:
                 budget = budget_bytes(prefetch_budget, caps[0])
                 label = spec
                 if ahead:
                     word = "prefetch" if len(caps) > 1 and budget != 0 else "queue"
-                    label = f"{spec} +{word} {ahead}"
+                    label = f"{spec} +{word} {ahead.text}"
                     if word == "prefetch" and prefetch_policy != "queue":
                         label += f" {prefetch_policy}"
                 if progress:
@@ -456,7 +459,8 @@ def run_layouts(trace: Trace, policies: Sequence[str], layouts: Sequence[Layout]
 
 def replay_all(trace: Trace, policies: Sequence[str], capacities: Sequence[Capacity],
                layouts: Sequence[Layout], cost: CostModel = _COST, *,
-               progress: Callable[[str], None] | None = None, lookaheads: Sequence[int] = (0,),
+               progress: Callable[[str], None] | None = None,
+               lookaheads: Sequence[int | str | Lookahead] = (0,),
                promote: str = "hit", prefetch_budget: Capacity | None = None,
                prefetch_policy: str = "queue") -> list[Result]:
     """One-tier capacities (:func:`rkv.eval.replay.simulate.run_replay`) and tier layouts
