@@ -104,6 +104,50 @@ def test_a_request_that_leaves_unscheduled_is_released_and_not_measured(tmp_path
         assert sched.take_queue() == ([], [])
 
 
+def preempt_step(*preempted: str, resumed: tuple[str, ...] = ()) -> Any:
+    """The fields of a ``SchedulerOutput`` that the preemption path reads."""
+    return SimpleNamespace(preempted_req_ids=set(preempted), scheduled_new_reqs=[],
+                           scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set(resumed)))
+
+
+def test_a_preempted_request_is_announced_again_and_its_prefix_survives(tmp_path: Path
+                                                                        ) -> None:
+    """Differential: a running request that vLLM preempts waits again while the others
+    save; without the re-announcement LRU evicts the prefix it will be recomputed from,
+    with it the prefix (prompt and stored output) is held until vLLM resumes it."""
+    for announce in (False, True):
+        with engine(tmp_path / f"p{announce}", 4) as e:
+            sched, holds, stats = sides(e, announce_queue=announce)
+            a = toks(2 * CHUNK + 3, seed=10)
+            sched.after_alloc(request("a", a), 0)            # scheduled at once: no hold
+            e.put(a, random_kv(SMALL, len(a), seed=10), model=SMALL)
+            step(sched, holds)
+            sched.preempted(preempt_step("a", "gone"))      # "gone" is unknown: skipped
+            step(sched, holds)
+            assert holds.holding() == int(announce)
+            for i in range(1, 4):                           # the running requests save
+                t = toks(2 * CHUNK, seed=10 + i)
+                e.put(t, random_kv(SMALL, len(t), seed=10 + i), model=SMALL)
+            e.settle(30)
+            assert e.lookup(a, model=SMALL) == (2 * CHUNK if announce else 0)
+            sched.after_alloc(request("a", a), 0)           # resumed: the hold is dropped
+            step(sched, holds)
+            assert holds.holding() == 0 and not e.core.decisions.queued
+            assert stats.get("preempted") == int(announce)
+            assert stats.get("queue_released") == int(announce)
+
+
+def test_a_preempted_request_resumed_in_the_same_step_is_not_announced(tmp_path: Path
+                                                                       ) -> None:
+    with engine(tmp_path / "s", 8) as e:
+        sched, _, stats = sides(e)
+        a = toks(CHUNK, seed=20)
+        sched.after_alloc(request("a", a), 0)
+        sched.preempted(preempt_step("a", resumed=("a",)))
+        sched.preempted(SimpleNamespace())                  # an older vLLM: no such field
+        assert sched.take_queue() == ([], []) and stats.get("preempted") == 0
+
+
 def test_short_prompts_and_disabled_announcements_send_nothing(tmp_path: Path) -> None:
     with engine(tmp_path / "s", 8) as e:
         sched, _, _ = sides(e)

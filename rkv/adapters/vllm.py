@@ -267,6 +267,7 @@ class RkvConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def build_connector_meta(self, scheduler_output: Any) -> RkvMetadata:
         assert self._sched is not None
+        self._sched.preempted(scheduler_output)
         announce, served = self._sched.take_queue()
         return RkvMetadata(self._sched.build(scheduler_output), announce, served)
 

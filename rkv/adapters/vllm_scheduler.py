@@ -7,7 +7,8 @@ Nothing is verified here; the worker verifies every block it loads and reports t
 that fail, which vLLM then recomputes.
 
 Queue: a request vLLM queues is announced to the worker, which prefetches and holds its
-stored prefix until the request is scheduled (:mod:`rkv.adapters.vllm_queue`).
+stored prefix until the request is scheduled (:mod:`rkv.adapters.vllm_queue`); so is one
+vLLM preempts, which waits again and is recomputed from its start when resumed.
 
 Saves: once a chunk of a request's tokens has its KV computed (prompt chunks during the
 prefill, generated ones while decoding), the worker is told to store the prefix up to it.
@@ -75,15 +76,36 @@ class SchedulerSide:
 
     def queued(self, request: Any) -> None:
         """``on_new_request``: announce the request's whole chunks of prompt to the worker."""
+        if self._announces(request.request_id, list(request.prompt_token_ids or ())):
+            self.stats.add(queued=1)
+
+    def preempted(self, so: Any) -> None:
+        """Requests vLLM preempted in this step (``SchedulerOutput.preempted_req_ids``) are
+        back in its waiting queue and will be recomputed from token 0 when resumed: announce
+        the whole chunks of all their tokens so far (prompt and any stored output), so the
+        saves of the requests now running do not evict the prefix they will load back."""
+        ids = getattr(so, "preempted_req_ids", None) or ()
+        resumed = set(getattr(getattr(so, "scheduled_cached_reqs", None),
+                              "resumed_req_ids", None) or ())
+        resumed |= {new.req_id for new in getattr(so, "scheduled_new_reqs", ())}
+        for rid in sorted(ids):
+            st = self._reqs.get(rid)
+            if st is None or rid in resumed:     # unknown, or already running again
+                continue
+            if self._announces(rid, list(st.request.all_token_ids)):
+                self.stats.add(preempted=1)
+
+    def _announces(self, rid: str, tokens: list[int]) -> bool:
+        """Queue an announcement of ``tokens``' whole chunks for request ``rid``; whether
+        there was anything to announce."""
         if not self.settings.announce_queue or self.loads_disabled:
-            return
-        tokens = list(request.prompt_token_ids or ())
+            return False
         tokens = tokens[: len(tokens) // self.chunk * self.chunk]
         if not tokens:
-            return
-        self.waits.joined(request.request_id)
-        self._announce.append(Announce(request.request_id, tokens, self.waits.hold_s()))
-        self.stats.add(queued=1)
+            return False
+        self.waits.joined(rid)
+        self._announce.append(Announce(rid, tokens, self.waits.hold_s()))
+        return True
 
     def take_queue(self) -> tuple[list[Announce], list[str]]:
         """The announcements and served request ids to send with this step's metadata (a

@@ -93,6 +93,28 @@ def test_queued_requests_are_announced_held_and_released(work: Path, baseline: d
     assert st["loads"] == 8                       # every queued one restored its prefix
 
 
+def test_preempted_requests_are_announced_again(work: Path,
+                                                texts: tuple[list[int], list[int]]) -> None:
+    """A KV cache of 13 vLLM blocks (128 tokens each) and two 700-token prompts that grow
+    past their sixth block while decoding: vLLM preempts one. rkv announces it again, holds
+    its stored prefix while it waits, releases the hold when vLLM resumes it (which then
+    loads the prefix back), and the tokens are those of the same vLLM without rkv."""
+    p1, _ = texts
+    llm = {"num_gpu_blocks_override": 13, "max_model_len": 1024,
+           "max_num_batched_tokens": 2048}
+    phases = [{"name": "two", "prompts": [p1, p1], "max_tokens": 112}]
+    base = run_job(work, "preempt-base", {"llm": llm, "connector": None, "phases": phases})
+    r = run_job(work, "preempt", {"llm": llm, "connector": {
+        "name": "RkvConnector", "extra": extra(work / "store-pre", work / "pre.stats.json")},
+        "phases": phases})
+    assert phase(r, "two")["tokens"] == phase(base, "two")["tokens"]
+    st, sched = r["stats"], r["scheduler_stats"]
+    assert sched.get("preempted", 0) >= 1
+    assert st["queue_announced"] == st["queue_released"] >= sched["preempted"]
+    assert st.get("queue_errors", 0) == 0
+    assert st["loads"] >= 1                       # the resumed request loaded its prefix
+
+
 def _vllm_spec(store: Path) -> Any:
     from rkv import Engine
 
