@@ -83,7 +83,7 @@ def test_ends_match_a_brute_force_count(times: list[float], window: float,
                                         in_order: bool) -> None:
     if in_order:
         times = sorted(times)
-    ends = Lookahead(seconds=window).ends(times)
+    ends = Lookahead(seconds=window).ends(len(times), times)
     n = len(times)
     clock = [max(times[:i + 1]) for i in range(n)]     # what the engine saw by then
     for r in range(n):
@@ -95,10 +95,10 @@ def test_ends_match_a_brute_force_count(times: list[float], window: float,
 
 
 def test_ends_of_a_count_and_of_no_queue() -> None:
-    assert Lookahead(requests=2).ends([0.0] * 5) == [3, 4, 5, 5, 5]
-    assert Lookahead().ends([0.0] * 3) == [1, 2, 3]
+    assert Lookahead(requests=2).ends(5) == [3, 4, 5, 5, 5]
+    assert Lookahead().ends(3) == [1, 2, 3]
     # a burst then a lull: the window holds the whole burst and nothing across the lull
-    assert Lookahead(seconds=1).ends([0, 0.1, 0.2, 9, 9.5, 30]) == [3, 3, 3, 5, 5, 6]
+    assert Lookahead(seconds=1).ends(6, [0, 0.1, 0.2, 9, 9.5, 30]) == [3, 3, 3, 5, 5, 6]
 
 
 def test_a_time_window_follows_arrivals_where_a_count_does_not() -> None:

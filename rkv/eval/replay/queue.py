@@ -61,18 +61,20 @@ class Lookahead:
             return f"{self.seconds:g}s"
         return str(self.requests) if self.requests else ""
 
-    def ends(self, times: Sequence[float]) -> list[int]:
-        """For each request ``r`` of a trace whose arrival times (seconds) are ``times``, the
-        end (exclusive) of the queue while ``r`` is served: it holds ``r + 1 .. ends[r] - 1``.
+    def ends(self, n: int, times: Sequence[float] = ()) -> list[int]:
+        """For each request ``r`` of a trace of ``n`` requests whose arrival times (seconds)
+        are ``times`` (a time window needs them), the end (exclusive) of the queue while
+        ``r`` is served: it holds ``r + 1 .. ends[r] - 1``.
 
         A time window takes the requests after ``r`` up to the first that arrives more than
         ``seconds`` after ``r`` (times that step back count as the latest time before them),
         so the result never decreases and each request is queued once."""
-        n = len(times)
         if not self:
             return [r + 1 for r in range(n)]
         if self.requests:
             return [min(r + 1 + self.requests, n) for r in range(n)]
+        if len(times) != n:
+            raise ConfigError("a look-ahead in seconds needs the trace's arrival times")
         # An access log's times may step back; a running maximum keeps them in order (a
         # request logged later cannot have been queued earlier), which bisect needs.
         clock: list[float] = []

@@ -113,9 +113,7 @@ class Trace:
     def queue_ends(self, lookahead: Lookahead) -> list[int]:
         """While request ``r`` is served the queue holds requests ``r + 1 .. ends[r] - 1``
         (:meth:`Lookahead.ends`)."""
-        if lookahead.seconds and len(self.times) != self.requests:
-            raise ConfigError("a look-ahead in seconds needs the trace's arrival times")
-        return lookahead.ends(self.times if lookahead.seconds else [0.0] * self.requests)
+        return lookahead.ends(self.requests, self.times)
 
 
 def prepare(requests: Iterable[Request], cost: CostModel = CostModel()) -> Trace:
