@@ -26,6 +26,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Container, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 
 
 class PolicyError(ValueError):
@@ -85,9 +86,9 @@ def take_soft(order: Iterable[Hashable], items: Mapping[Hashable, Item], need: i
         return out
     freed = 0
     deferred: list[Hashable] = []
-    for key in order:
-        if key in protected:
-            continue
+    # Protected keys are stepped over in C (filterfalse): with a long queue most of the
+    # cache can be protected, and a Python test per key made every eviction walk it slowly.
+    for key in filterfalse(protected.__contains__, order):
         item = items[key]
         deadline = item.deadline
         if deadline is not None and deadline > now:
@@ -206,9 +207,7 @@ class EvictionPolicy(ABC):
         freed = 0
         if need <= 0:
             return out
-        for key in order:
-            if key in protected:
-                continue
+        for key in filterfalse(protected.__contains__, order):   # in C, as in take_soft
             out.append(key)
             freed += sizes[key].size
             if freed >= need:

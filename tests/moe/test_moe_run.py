@@ -249,7 +249,10 @@ def test_cli_plans_experts_from_the_placement_table(
 
     monkeypatch.setattr(profmod, "profile_for", profile_for)
     cfg = tmp_path / "engine.toml"
-    cfg.write_text('[placement]\nquality_budget_kl = 0.5\nmax_p_due = 0.01\n')
+    # Two codes, not the default seven: each (tier, bits, code) the planner weighs costs a
+    # few seconds of judged fault patterns, and what is tested here is the CLI's plumbing.
+    cfg.write_text('[placement]\nquality_budget_kl = 0.5\nmax_p_due = 0.01\n'
+                   'codes = ["none", "rs(255,239)"]\n')
     store, out = tmp_path / "st", tmp_path / "r.json"
     assert cli("--store", str(store), "--tokens", "4", "--config", str(cfg), "--replan",
                "--json", str(out)) == 0
@@ -258,5 +261,6 @@ def test_cli_plans_experts_from_the_placement_table(
     assert res["replan"]["steps"] > 0 and res["replan"]["unreadable"] == 0
     body = json.loads(json.loads((store / "moe.json").read_text())["body"])
     assert body["plan"]["kl"] <= 0.5 and body["plan"]["kl_budget"] == 0.5
+    assert {x["ecc"] for layer in body["layers"] for x in layer} <= {"none", "rs(255,239)"}
     assert cli("--store", str(store), "--existing", "--tokens", "2", "--config",
                str(cfg)) == 0

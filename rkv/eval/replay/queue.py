@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from rkv.errors import ConfigError
@@ -111,3 +111,26 @@ def parse_lookahead(value: object) -> Lookahead:
 def queue_lengths(ends: Sequence[int]) -> list[int]:
     """Requests queued while each request is served (for reporting a time window)."""
     return [e - r - 1 for r, e in enumerate(ends)]
+
+
+class Pins(dict[Hashable, int]):
+    """Protected keys with their multiplicity (a block may be in several queued requests,
+    and in the request under way as well). ``in`` stays a plain dict lookup, done in C:
+    policies test it for every key they step over, and with a long queue most of the cache
+    is pinned."""
+
+    def add(self, key: Hashable) -> None:
+        self[key] = self.get(key, 0) + 1
+
+    def add_all(self, keys: Sequence[Hashable]) -> None:
+        get = self.get
+        for key in keys:
+            self[key] = get(key, 0) + 1
+
+    def drop_all(self, keys: Sequence[Hashable]) -> None:
+        for key in keys:
+            n = self[key] - 1
+            if n:
+                self[key] = n
+            else:
+                del self[key]

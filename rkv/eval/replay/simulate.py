@@ -41,7 +41,7 @@ from policies.base import (
 )
 from policies.belady import Belady, InfiniteCache, next_use_positions
 from rkv.errors import ConfigError, InputError
-from rkv.eval.replay.queue import Lookahead, parse_lookahead
+from rkv.eval.replay.queue import Lookahead, Pins, parse_lookahead
 from rkv.format.traces import Request
 from rkv.ui.sizes import UNITS, scale
 
@@ -271,21 +271,6 @@ class TierStats:
         return {**asdict(self), "moved_in": self.moved_in, "moved_out": self.moved_out}
 
 
-class _Either:
-    """``key in`` either of two containers (this request's blocks, or the queued ones)."""
-
-    __slots__ = ("a", "b")
-
-    def __init__(self, a: set[Hashable], b: dict[Hashable, int]) -> None:
-        self.a, self.b = a, b
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.a or key in self.b
-
-    def add(self, key: Hashable) -> None:
-        self.a.add(key)
-
-
 def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostModel = CostModel(),
              *, label: str | None = None, capacity_text: str = "",
              admission: AdmissionPolicy | None = None,
@@ -302,7 +287,10 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
     nreq = trace.requests
     ahead = parse_lookahead(lookahead)
     ends = trace.queue_ends(ahead)
-    queued: dict[Hashable, int] = {}       # blocks of the queued requests
+    queued = Pins()                        # blocks of the queued requests
+    # The queued blocks and those the request under way has touched: what may not be
+    # evicted. One dict, so that a policy stepping over it tests membership in C.
+    pins = Pins()
     tail = 0                               # requests below ``tail`` have joined the queue
     cached: set[Hashable] = set()
     access, insert = policy.on_access, policy.on_insert
@@ -315,19 +303,14 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
         s, e = starts[r], starts[r + 1]
         if ahead:                               # the queue holds requests r+1 .. ends[r]-1
             if r < tail:                        # request r leaves the queue ...
-                for key in refs[s:e]:
-                    n = queued[key] - 1
-                    if n:
-                        queued[key] = n
-                    else:
-                        del queued[key]
+                queued.drop_all(refs[s:e])
+                pins.drop_all(refs[s:e])
             for q in range(max(tail, r + 1), ends[r]):  # ... and the new arrivals join it
-                for key in refs[starts[q]:starts[q + 1]]:
-                    queued[key] = queued.get(key, 0) + 1
+                joining = refs[starts[q]:starts[q + 1]]
+                queued.add_all(joining)
+                pins.add_all(joining)
             tail = max(tail, ends[r])
-        protected: set[Hashable] | _Either = set()
-        if ahead:
-            protected = _Either(set(), queued)
+        protected: set[Hashable] | Pins = pins if ahead else set()
         # Within a request the protected set only grows and every block that enters the
         # cache is protected, so once ``need`` bytes could not be freed, no larger need can
         # be until the next request: skip asking (each ask walks the whole cache, which
@@ -370,6 +353,8 @@ def simulate(trace: Trace, policy: EvictionPolicy, capacity: int, cost: CostMode
                 insert(item, i)
                 cached.add(key)
             protected.add(key)
+        if ahead:
+            pins.drop_all(refs[s:e])            # the request's own blocks are free again
         if counted[r]:
             hits += rhits
             lead[r] = e - s if first_miss < 0 else first_miss

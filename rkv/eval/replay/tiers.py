@@ -60,7 +60,7 @@ from policies.prefetch import make_prefetch
 from rkv.checks import as_float, as_int, one_of
 from rkv.errors import ConfigError
 from rkv.eval.replay.layout import Layout, budget_bytes
-from rkv.eval.replay.queue import Lookahead, parse_lookahead
+from rkv.eval.replay.queue import Lookahead, Pins, parse_lookahead
 from rkv.eval.replay.simulate import (
     BELADY,
     DEFAULT_BANDWIDTH,
@@ -243,27 +243,6 @@ class _Cascade:
         cands.extendleft(k for k in reversed(window) if k not in lifted)
 
 
-class _Pins(dict[Hashable, int]):
-    """Protected keys with their multiplicity (a block may be in several queued requests).
-    ``in`` stays a plain dict lookup: policies test it for every key they step over."""
-
-    def add(self, key: Hashable) -> None:
-        self[key] = self.get(key, 0) + 1
-
-    def add_all(self, keys: Sequence[Hashable]) -> None:
-        get = self.get
-        for key in keys:
-            self[key] = get(key, 0) + 1
-
-    def drop_all(self, keys: Sequence[Hashable]) -> None:
-        for key in keys:
-            n = self[key] - 1
-            if n:
-                self[key] = n
-            else:
-                del self[key]
-
-
 def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST, *,
                    label: str | None = None, capacity_text: str = "",
                    admission: AdmissionPolicy | None = None,
@@ -299,13 +278,13 @@ def simulate_tiers(trace: Trace, tiers: Sequence[Tier], cost: CostModel = _COST,
     lead = [0] * nreq
     # With a queue, ``pins`` holds the blocks of requests r .. ends[r]-1 while request r's
     # prefetch runs, then those of r+1 .. ends[r]-1 plus the blocks r has touched so far.
-    pins = _Pins()
+    pins = Pins()
     cands: deque[Hashable] = deque()           # queued blocks in queue order, to prefetch
     tail = 0                                   # requests below ``tail`` have been pinned
     t0 = time.perf_counter()
     for r in range(nreq):
         s, e = starts[r], starts[r + 1]
-        protected: set[Hashable] | _Pins
+        protected: set[Hashable] | Pins
         if ahead:
             if r >= tail:                       # r arrived after the queue was last seen
                 pins.add_all(refs[s:e])
