@@ -84,6 +84,27 @@ def cells_and_gaps(path: Path, block_tokens: int = 512) -> tuple[list[tuple[int,
     return cells, gaps
 
 
+def prefix_gaps(path: Path) -> list[int]:
+    """Per block reference (in :func:`cells_and_gaps` order): how long ago, in requests, the
+    prefix its request extends was last referenced (log2 bucket, 0 for a request that
+    extends nothing): "the time since the prefix was last extended", a candidate
+    sixth feature, measured here and not in ``reuse`` (docs/policies.md says why)."""
+    out: list[int] = []
+    seen: set[int] = set()
+    last: dict[int, int] = {}
+    for r, q in enumerate(json.loads(line) for line in path.open() if line.strip()):
+        ids = list(q["hash_ids"])
+        lead = 0
+        while lead < len(ids) and ids[lead] in seen:
+            lead += 1
+        gap = _bucket(r - last[ids[lead - 1]], 12) if lead else 0
+        out.extend([gap] * len(ids))
+        for h in ids:
+            seen.add(h)
+            last[h] = r
+    return out
+
+
 def auc(cells: list[tuple[int, ...]], positive: np.ndarray) -> float:
     """ROC AUC of each cell's own positive share as the score (ties count a half)."""
     per: dict[tuple[int, ...], list[int]] = {}
@@ -170,17 +191,20 @@ def main() -> None:
     args = ap.parse_args()
     queues = args.queue or [0, 256]
     print("| trace | queue | references that matter | of them return | AUC, all features "
-          "| AUC, place + turn only |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "| AUC, place + turn only | AUC, all + prefix gap |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for path in args.traces:
         cells, gaps = cells_and_gaps(path)
+        extra = prefix_gaps(path)
         for q in queues:
             keep = ~((gaps >= 0) & (gaps <= q)) if q else np.ones(len(gaps), bool)
-            sub = [c for c, k in zip(cells, keep.tolist(), strict=True) if k]
+            kept = keep.tolist()
+            sub = [c for c, k in zip(cells, kept, strict=True) if k]
+            wider = [(*c, g) for c, g, k in zip(cells, extra, kept, strict=True) if k]
             pos = (gaps[keep] >= 0).astype(np.int64)
             coarse = [c[:2] for c in sub]
             print(f"| {path.name} | {q} | {int(keep.sum()):,} | {pos.mean():.1%} | "
-                  f"{auc(sub, pos):.3f} | {auc(coarse, pos):.3f} |")
+                  f"{auc(sub, pos):.3f} | {auc(coarse, pos):.3f} | {auc(wider, pos):.3f} |")
     if not args.bound:
         return
     print()

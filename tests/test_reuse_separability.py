@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.reuse_separability import _table, auc, cells_and_gaps
+from benchmarks.reuse_separability import _table, auc, cells_and_gaps, prefix_gaps
 
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=2, max_size=40))
@@ -50,3 +50,6 @@ def test_gaps_and_places_of_a_small_trace(tmp_path: Path) -> None:
     assert gaps.tolist() == [1, 1, -1, -1, -1, -1]
     assert [c[0] for c in cells] == [3, 2, 0, 2, 1, 1]  # rest, second-last, partial, full
     assert [c[3] for c in cells] == [0, 0, 0, 1, 1, 0]  # earlier sightings
+    # The second request extends [1, 2], last referenced one request before (bucket 1);
+    # the others extend nothing.
+    assert prefix_gaps(path) == [0, 0, 0, 1, 1, 0]
