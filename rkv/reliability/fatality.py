@@ -109,6 +109,13 @@ def _masks(pattern: Any, record: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return flips, erased, wrong
 
 
+def _all_hit(wrong: np.ndarray, starts: tuple[int, ...], size: int) -> bool:
+    """Whether every copy has a wrong byte: the cheap test before :func:`_copies_lost`,
+    which needs all three hit (most patterns miss a copy, and the bit-level vote costs
+    three set operations)."""
+    return all(wrong[s:s + size].any() for s in starts)
+
+
 def _copies_lost(flips: np.ndarray, erased: np.ndarray, starts: tuple[int, ...],
                  size: int) -> bool:
     """Three copies of ``size`` bytes: lost when each has an error and some bit position is
@@ -179,9 +186,9 @@ def judge(lay: Layout, pattern: Any) -> tuple[float, float]:
         return 1.0, 0.0
     flips, erased, wrong = _masks(pattern, lay.record)
     preludes, headers = copy_offsets(lay.hlen, lay.record, lay.spread)
-    if _copies_lost(flips, erased, preludes, PRELUDE):
+    if _all_hit(wrong, preludes, PRELUDE) and _copies_lost(flips, erased, preludes, PRELUDE):
         return 1.0, 0.0
-    if _copies_lost(flips, erased, headers, lay.hlen):
+    if _all_hit(wrong, headers, lay.hlen) and _copies_lost(flips, erased, headers, lay.hlen):
         return 1.0, 0.0     # (the third copy ends where the last prelude starts)
     if not lay.parts:
         return _payload_fatal(lay, flips, erased, wrong), 0.0
