@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import faultmodels
 from rkv.codec.blockcodec import encode_block, read_block
 from rkv.codec.stages import codec_for
 from rkv.errors import IntegrityError
 from rkv.format.record import RecordHeader, decode_record
-from rkv.reliability.fatality import is_fatal, layout_for
+from rkv.reliability.fatality import _all_hit, _copies_lost, is_fatal, layout_for
 
 SHAPE = (2, 64, 2, 64)          # 32 KiB of float16: several codewords, shards and chunks
 
@@ -61,3 +63,23 @@ def test_is_fatal_agrees_with_the_read_path(preset: str, protection: str) -> Non
                 cls.rate.label, pattern.erasures)
             seen[bool(fatal)] += 1
     assert seen[True] + seen[False] >= 25      # (some presets kill every 32 KiB record)
+
+
+@given(flips=st.lists(st.integers(0, 8 * 96 - 1), max_size=12),
+       erased=st.lists(st.tuples(st.integers(0, 95), st.integers(1, 8)), max_size=3))
+def test_the_cheap_copy_test_never_changes_the_vote(flips: list[int],
+                                                     erased: list[tuple[int, int]]) -> None:
+    """``judge`` asks ``_all_hit`` before the bit-level vote: every pattern the vote calls
+    lost must pass it (three copies of 16 bytes at 0, 40 and 80 of a 96-byte record)."""
+    f = np.asarray(sorted(set(flips)), dtype=np.int64)
+    er = np.zeros(96, dtype=bool)
+    for s, n in erased:
+        er[s:s + n] = True
+    wrong = er.copy()
+    wrong[f // 8] = True
+    starts = (0, 40, 80)
+    if _copies_lost(f, er, starts, 16):
+        assert _all_hit(wrong, starts, 16)
+    assert _all_hit(wrong, starts, 16) == all(
+        bool(er[s:s + 16].any()) or bool(((f >= 8 * s) & (f < 8 * (s + 16))).any())
+        for s in starts)
